@@ -59,6 +59,7 @@ fn reference_matches_transformers_logits_and_greedy_ids() {
     assert!(fixture.cases.len() >= 4, "the fixture should hold several cases");
     let dir = tempfile::tempdir().unwrap();
     let models = models(&fixture.cases, dir.path());
+    let mut worst_relative = 0f32;
     for case in &fixture.cases {
         let model = &models[&(case.config.clone(), case.seed)];
         let label = format!("{} seed {} ({} prompt tokens)", case.config, case.seed, case.prompt_ids.len());
@@ -69,6 +70,7 @@ fn reference_matches_transformers_logits_and_greedy_ids() {
             let ours: Vec<f32> = case.token_ids.iter().map(|&id| logits[id]).collect();
             let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
             let worst = ours.iter().zip(expected).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            worst_relative = worst_relative.max(worst / scale);
             assert!(
                 worst <= RELATIVE_TOLERANCE * scale,
                 "{label}, position {position}: logits differ by {worst:e} (largest |logit| {scale}) from transformers {}",
@@ -80,6 +82,11 @@ fn reference_matches_transformers_logits_and_greedy_ids() {
         let greedy = model.greedy(&case.prompt_ids, case.greedy_ids.len(), &stops).unwrap();
         assert_eq!(greedy, case.greedy_ids, "{label}: greedy ids differ from transformers");
     }
+    eprintln!(
+        "{} cases agree with transformers {}; worst logit difference {worst_relative:.1e} relative",
+        fixture.cases.len(),
+        fixture.transformers
+    );
 }
 
 /// With head_dim 16, the real Llama 3 RoPE parameters put the 8 frequencies of a head in
