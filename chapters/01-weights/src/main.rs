@@ -92,8 +92,10 @@ fn run(cli: Cli) -> Result<()> {
     );
     if cli.check {
         let compared = weights::check_against_file(&stream, &checkpoint, &weights)?;
+        // Any difference is an error above, so reaching here means every byte matched.
         println!(
-            "check   {} tensors: start, middle and end read back from the GPU ({} bytes) equal the file: PASS",
+            "check: {} tensors' start, middle and end ({} bytes) read back from the GPU vs the file: \
+             max abs error 0, relative error 0 (limit 0, bytes must be equal): PASS",
             checkpoint.tensors.len(),
             compared
         );

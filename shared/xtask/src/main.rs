@@ -1,6 +1,13 @@
 //! `cargo x …`: the project's tooling. Nothing here is engine code.
 
+mod check;
+mod diffs;
+mod fetch_tokenizer;
+mod gpu_check;
+mod nvrtc;
+mod paths;
 mod synth;
+mod test;
 
 use std::process::ExitCode;
 
@@ -16,13 +23,31 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Install what is missing, then run fmt, clippy, all tests, check, nvrtc and the book build.
+    Test,
+    /// Workspace members = folders; chapter diffs up to date; every book include resolves.
+    Check,
+    /// Write book/src/diffs/NN-slug.diff for each chapter against the previous one.
+    Diffs,
+    /// Compile every kernel in kernels/ with NVRTC (no GPU needed); fail on errors or warnings.
+    Nvrtc,
+    /// Get Meta's tokenizer.model from the PyPI package llama-models and check its sha256.
+    FetchTokenizer(fetch_tokenizer::Args),
     /// Write a synthetic checkpoint (config.json + BF16 model.safetensors).
     Synth(synth::Args),
+    /// Run every chapter's --check on a synthetic 1B checkpoint and print one table (needs a GPU).
+    GpuCheck(gpu_check::Args),
 }
 
 fn main() -> ExitCode {
     let result: Result<()> = match Cli::parse().command {
+        Command::Test => test::run(),
+        Command::Check => check::run(),
+        Command::Diffs => diffs::run(),
+        Command::Nvrtc => nvrtc::run(),
+        Command::FetchTokenizer(args) => fetch_tokenizer::run(args),
         Command::Synth(args) => synth::run(args),
+        Command::GpuCheck(args) => gpu_check::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

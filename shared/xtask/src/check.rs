@@ -1,0 +1,194 @@
+//! `cargo x check`: the repository's own consistency rules.
+//! - workspace members are exactly the crate folders on disk;
+//! - every committed chapter diff equals what `cargo x diffs` writes now;
+//! - every `{{#include file:anchor}}` in the book resolves to non-empty text
+//!   (mdBook silently renders an empty block for a missing anchor).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::{diffs, paths};
+
+pub fn run() -> Result<()> {
+    let mut problems = Vec::new();
+    problems.extend(workspace_members_match_folders()?);
+    problems.extend(diffs_are_fresh()?);
+    problems.extend(book_includes_resolve()?);
+    if !problems.is_empty() {
+        for problem in &problems {
+            eprintln!("check: {problem}");
+        }
+        bail!("{} problem(s) found", problems.len());
+    }
+    println!("check: workspace members, chapter diffs and book includes are consistent");
+    Ok(())
+}
+
+fn workspace_members_match_folders() -> Result<Vec<String>> {
+    let root = paths::root();
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(&root)
+        .output()
+        .context("running cargo metadata")?;
+    ensure!(output.status.success(), "cargo metadata failed: {}", String::from_utf8_lossy(&output.stderr));
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let members: BTreeSet<PathBuf> = metadata["packages"]
+        .as_array()
+        .context("cargo metadata has no packages")?
+        .iter()
+        .filter_map(|p| p["manifest_path"].as_str())
+        .map(|manifest| Path::new(manifest).parent().unwrap().to_path_buf())
+        .collect();
+
+    let mut problems = Vec::new();
+    let mut folders = BTreeSet::new();
+    for (name, dir) in paths::chapters()? {
+        let well_named = name.len() > 3 && name[..2].chars().all(|c| c.is_ascii_digit()) && &name[2..3] == "-";
+        if !well_named {
+            problems.push(format!("chapters/{name} is not named NN-slug"));
+        }
+        let manifest = dir.join("Cargo.toml");
+        match std::fs::read_to_string(&manifest) {
+            Ok(text) if !text.contains(&format!("name = \"{}\"", paths::package_name(&name))) => {
+                problems.push(format!("chapters/{name}/Cargo.toml must name its package {}", paths::package_name(&name)))
+            }
+            Err(_) => problems.push(format!("chapters/{name} has no Cargo.toml")),
+            Ok(_) => {}
+        }
+        folders.insert(dir.canonicalize()?);
+    }
+    for shared in ["shared/reference", "shared/xtask"] {
+        folders.insert(root.join(shared).canonicalize()?);
+    }
+    for missing in folders.difference(&members) {
+        problems.push(format!("{} is not a workspace member", missing.display()));
+    }
+    for extra in members.difference(&folders) {
+        problems.push(format!("workspace member {} is not a chapter or shared crate folder", extra.display()));
+    }
+    Ok(problems)
+}
+
+fn diffs_are_fresh() -> Result<Vec<String>> {
+    let dir = paths::root().join("book/src/diffs");
+    let mut problems = Vec::new();
+    let mut expected_files = BTreeSet::new();
+    for (name, text) in diffs::all()? {
+        let path = dir.join(format!("{name}.diff"));
+        expected_files.insert(path.clone());
+        match std::fs::read_to_string(&path) {
+            Ok(committed) if committed == text => {}
+            Ok(_) => problems.push(format!("book/src/diffs/{name}.diff is stale: run `cargo x diffs`")),
+            Err(_) => problems.push(format!("book/src/diffs/{name}.diff is missing: run `cargo x diffs`")),
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for entry in entries {
+            let path = entry?.path();
+            if !expected_files.contains(&path) {
+                problems.push(format!("{} belongs to no chapter pair", path.display()));
+            }
+        }
+    }
+    Ok(problems)
+}
+
+fn book_includes_resolve() -> Result<Vec<String>> {
+    let src = paths::root().join("book/src");
+    let mut problems = Vec::new();
+    for page in markdown_files(&src)? {
+        let text = std::fs::read_to_string(&page)?;
+        for include in includes(&text) {
+            if let Err(problem) = resolve_include(page.parent().unwrap(), &include) {
+                problems.push(format!("{}: {{{{#include {include}}}}}: {problem}", page.strip_prefix(&src)?.display()));
+            }
+        }
+    }
+    Ok(problems)
+}
+
+fn markdown_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            files.extend(markdown_files(&path)?);
+        } else if path.extension().is_some_and(|e| e == "md") {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+/// The arguments of every `{{#include …}}` directive in a page.
+fn includes(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("{{#include ") {
+        let after = &rest[start + "{{#include ".len()..];
+        let Some(end) = after.find("}}") else { break };
+        found.push(after[..end].trim().to_string());
+        rest = &after[end..];
+    }
+    found
+}
+
+/// Checks that `path[:anchor]` names an existing file and, with an anchor, non-empty text
+/// between its `ANCHOR:` and `ANCHOR_END:` markers. (Line-range forms are checked for the file only.)
+pub fn resolve_include(page_dir: &Path, include: &str) -> Result<String, String> {
+    let (file, selector) = match include.split_once(':') {
+        Some((file, selector)) => (file, Some(selector)),
+        None => (include, None),
+    };
+    let path = page_dir.join(file);
+    let text = std::fs::read_to_string(&path).map_err(|_| format!("{} does not exist", path.display()))?;
+    let Some(anchor) = selector.filter(|s| !s.chars().next().is_some_and(|c| c.is_ascii_digit())) else {
+        return Ok(text);
+    };
+    let mut inside = false;
+    let mut body = String::new();
+    let mut found = false;
+    for line in text.lines() {
+        let marker = line.trim_start().trim_start_matches("//").trim_start_matches('#').trim();
+        if marker == format!("ANCHOR: {anchor}") {
+            inside = true;
+            found = true;
+        } else if marker == format!("ANCHOR_END: {anchor}") {
+            inside = false;
+        } else if inside && !diffs::is_anchor_line(line) {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    if !found {
+        return Err(format!("anchor {anchor:?} not found in {file}"));
+    }
+    if body.trim().is_empty() {
+        return Err(format!("anchor {anchor:?} in {file} is empty"));
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_includes_and_resolves_anchors() {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path().to_path_buf();
+        std::fs::write(dir.join("code.rs"), "a\n// ANCHOR: x\nfn x() {}\n// ANCHOR_END: x\n// ANCHOR: empty\n// ANCHOR_END: empty\n").unwrap();
+        let page = "text {{#include code.rs:x}} more {{#include code.rs:missing}} {{#include code.rs:empty}}";
+        let found = includes(page);
+        assert_eq!(found, vec!["code.rs:x", "code.rs:missing", "code.rs:empty"]);
+        assert_eq!(resolve_include(&dir, "code.rs:x").unwrap(), "fn x() {}\n");
+        assert!(resolve_include(&dir, "code.rs:missing").unwrap_err().contains("not found"));
+        assert!(resolve_include(&dir, "code.rs:empty").unwrap_err().contains("empty"));
+        assert!(resolve_include(&dir, "nope.rs").unwrap_err().contains("does not exist"));
+        assert!(resolve_include(&dir, "code.rs:2:3").is_ok());
+    }
+}

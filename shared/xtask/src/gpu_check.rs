@@ -1,0 +1,187 @@
+//! `cargo x gpu-check`: every chapter's `--check` on a synthetic Llama 3.2 1B checkpoint,
+//! summarised in one table. Run it on a machine with an NVIDIA GPU.
+//!
+//! Each chapter binary prints its verdicts as lines of the form
+//! `check: WHAT: max abs error A, relative error R (limit L): PASS` and exits non-zero
+//! when any of them fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use llama_reference::synth::{SynthConfig, write_checkpoint};
+
+use crate::paths;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Folder holding the chapter binaries (ch01-weights, …).
+    #[arg(long, default_value = "target/release")]
+    bin_dir: PathBuf,
+    /// Use this model directory instead of writing a synthetic 1B checkpoint.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Where to write the synthetic checkpoint.
+    #[arg(long, default_value = "/tmp/gpu-check-1b")]
+    work_dir: PathBuf,
+    /// Seed of the synthetic weights; each run draws a new one unless given.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Meta's tokenizer.model, copied into the synthetic model directory (chapters 2+).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+}
+
+/// One line of the final table.
+struct Row {
+    chapter: String,
+    what: String,
+    max_abs: String,
+    relative: String,
+    verdict: String,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let seed = args.seed.unwrap_or_else(time_seed);
+    let model = match &args.model {
+        Some(dir) => dir.clone(),
+        None => synthetic_model(&args.work_dir, seed, args.tokenizer.as_deref())?,
+    };
+    let mut rows = Vec::new();
+    for (folder, _) in paths::chapters()? {
+        let name = paths::package_name(&folder);
+        let binary = args.bin_dir.join(&name);
+        if !binary.exists() {
+            rows.push(Row::note(&name, &format!("no binary in {}", args.bin_dir.display()), "SKIPPED"));
+            continue;
+        }
+        rows.extend(run_chapter(&name, &binary, &model)?);
+    }
+    print_table(&rows, &model, seed, args.model.is_some());
+    let failed = rows.iter().filter(|r| r.verdict != "PASS" && r.verdict != "SKIPPED").count();
+    if failed > 0 {
+        bail!("{failed} check(s) failed");
+    }
+    Ok(())
+}
+
+fn time_seed() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) % 1_000_000
+}
+
+fn synthetic_model(dir: &Path, seed: u64, tokenizer: Option<&Path>) -> Result<PathBuf> {
+    println!("gpu-check: writing a synthetic 1B checkpoint (seed {seed}) to {}", dir.display());
+    write_checkpoint(SynthConfig::OneB, seed, dir)?;
+    let tokenizer = tokenizer.map(Path::to_path_buf).unwrap_or_else(paths::default_tokenizer);
+    if tokenizer.exists() {
+        std::fs::copy(&tokenizer, dir.join("tokenizer.model")).context("copying tokenizer.model")?;
+    }
+    Ok(dir.to_path_buf())
+}
+
+/// Runs one chapter's `--check` and turns its `check:` lines into rows.
+fn run_chapter(name: &str, binary: &Path, model: &Path) -> Result<Vec<Row>> {
+    println!("gpu-check: {name} --check");
+    let output = Command::new(binary)
+        .arg("--model")
+        .arg(model)
+        .arg("--check")
+        .output()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    print!("{stdout}");
+    eprint!("{stderr}");
+    let mut rows: Vec<Row> = stdout.lines().filter_map(|line| Row::parse(name, line)).collect();
+    if !output.status.success() {
+        let reason = stderr.lines().find(|l| !l.trim().is_empty()).unwrap_or("exited with an error");
+        rows.push(Row::note(name, reason, "FAIL"));
+    } else if rows.is_empty() {
+        rows.push(Row::note(name, "printed no check: lines", "FAIL"));
+    }
+    Ok(rows)
+}
+
+impl Row {
+    fn note(chapter: &str, what: &str, verdict: &str) -> Row {
+        Row {
+            chapter: chapter.to_string(),
+            what: what.to_string(),
+            max_abs: "-".into(),
+            relative: "-".into(),
+            verdict: verdict.into(),
+        }
+    }
+
+    /// Parses `check: WHAT: max abs error A, relative error R (limit L): VERDICT`.
+    fn parse(chapter: &str, line: &str) -> Option<Row> {
+        let body = line.strip_prefix("check: ")?;
+        let (rest, verdict) = body.rsplit_once(": ")?;
+        let (what, errors) = rest.rsplit_once(": max abs error ")?;
+        let (max_abs, relative) = errors.split_once(", relative error ")?;
+        Some(Row {
+            chapter: chapter.to_string(),
+            what: what.to_string(),
+            max_abs: max_abs.to_string(),
+            relative: relative.to_string(),
+            verdict: verdict.trim().to_string(),
+        })
+    }
+}
+
+fn print_table(rows: &[Row], model: &Path, seed: u64, given_model: bool) {
+    println!();
+    let source = if given_model { format!("{}", model.display()) } else { format!("synthetic 1B, seed {seed}") };
+    println!("gpu-check on {source}");
+    let widths = [
+        rows.iter().map(|r| r.chapter.len()).max().unwrap_or(0).max(7),
+        rows.iter().map(|r| r.what.len()).max().unwrap_or(0).max(8),
+        rows.iter().map(|r| r.max_abs.len()).max().unwrap_or(0).max(13),
+        rows.iter().map(|r| r.relative.len()).max().unwrap_or(0).max(14),
+    ];
+    let line = |cells: [&str; 5]| {
+        println!(
+            "| {:<w0$} | {:<w1$} | {:>w2$} | {:>w3$} | {} |",
+            cells[0],
+            cells[1],
+            cells[2],
+            cells[3],
+            cells[4],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3]
+        )
+    };
+    line(["chapter", "compared", "max abs error", "relative error", "result"]);
+    println!(
+        "|{}|{}|{}|{}|--------|",
+        "-".repeat(widths[0] + 2),
+        "-".repeat(widths[1] + 2),
+        "-".repeat(widths[2] + 2),
+        "-".repeat(widths[3] + 2)
+    );
+    for row in rows {
+        line([&row.chapter, &row.what, &row.max_abs, &row.relative, &row.verdict]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Row;
+
+    #[test]
+    fn parses_check_lines() {
+        let row = Row::parse(
+            "ch04-rmsnorm",
+            "check: layer 0 input_layernorm, 24 rows: max abs error 3.1e-2, relative error 2.0e-3 (limit 1e-2): PASS",
+        )
+        .unwrap();
+        assert_eq!(row.what, "layer 0 input_layernorm, 24 rows");
+        assert_eq!(row.max_abs, "3.1e-2");
+        assert_eq!(row.relative, "2.0e-3 (limit 1e-2)");
+        assert_eq!(row.verdict, "PASS");
+        assert!(Row::parse("x", "upload 2.47 GB").is_none());
+    }
+}

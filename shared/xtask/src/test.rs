@@ -1,0 +1,79 @@
+//! `cargo x test`: the one command that passes the project's tests on a fresh machine.
+//!
+//! It first installs what is missing (into the git-ignored `.cache/`): mdBook and
+//! mdbook-katex, Meta's tokenizer, and libnvrtc plus the CUDA headers from PyPI. Then it
+//! runs, in order: rustfmt, clippy, every crate's tests, `cargo x check`, `cargo x nvrtc`
+//! and the book build. No GPU is needed; `cargo x gpu-check` covers the GPU.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, Result, ensure};
+
+use crate::{check, fetch_tokenizer, nvrtc, paths};
+
+const MDBOOK: &str = "mdbook@0.5.4";
+const MDBOOK_KATEX: &str = "mdbook-katex@0.10.0";
+const PIP_CUDA: [&str; 2] = ["nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-runtime==13.0.*"];
+
+pub fn run() -> Result<()> {
+    let tools_bin = install_book_tools()?;
+    fetch_tokenizer::run(fetch_tokenizer::Args::default_location())?;
+    install_pip_cuda()?;
+
+    step("rustfmt", cargo(&["fmt", "--all", "--check"]))?;
+    step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
+    step("tests", cargo(&["test", "--workspace", "--quiet"]))?;
+    println!("== check");
+    check::run()?;
+    println!("== nvrtc");
+    nvrtc::run()?;
+    let mut mdbook = Command::new(tools_bin.join("mdbook"));
+    mdbook.args(["build", "book"]).current_dir(paths::root()).env("PATH", path_with(&tools_bin));
+    step("book", mdbook)?;
+    println!("cargo x test: all passed");
+    Ok(())
+}
+
+fn cargo(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO"));
+    command.args(args).current_dir(paths::root());
+    command
+}
+
+fn step(name: &str, mut command: Command) -> Result<()> {
+    println!("== {name}");
+    let status = command.status().with_context(|| format!("cannot start {name}"))?;
+    ensure!(status.success(), "{name} failed");
+    Ok(())
+}
+
+/// `PATH` with `dir` in front.
+fn path_with(dir: &std::path::Path) -> String {
+    format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default())
+}
+
+/// mdBook 0.5 and mdbook-katex, built once into `.cache/tools/bin` (about 6 minutes on
+/// two cores) so that the book always builds with the versions it was written for.
+fn install_book_tools() -> Result<PathBuf> {
+    let bin = paths::cache().join("tools/bin");
+    let cached = bin.join("mdbook").exists() && bin.join("mdbook-katex").exists();
+    if !cached {
+        println!("== installing {MDBOOK} and {MDBOOK_KATEX} into {}", bin.display());
+        let root = paths::cache().join("tools");
+        step("cargo install", cargo(&["install", "--locked", "--quiet", "--root", &root.to_string_lossy(), MDBOOK, MDBOOK_KATEX]))?;
+    }
+    Ok(bin)
+}
+
+/// libnvrtc and the CUDA headers, from the PyPI packages NVIDIA publishes, for `cargo x nvrtc`.
+fn install_pip_cuda() -> Result<()> {
+    let target = paths::cache().join("cuda");
+    if nvrtc::pip_cuda_dir().join("include/cuda_bf16.h").exists() && nvrtc::pip_cuda_dir().join("lib/libnvrtc.so.13").exists() {
+        return Ok(());
+    }
+    println!("== installing {} into {}", PIP_CUDA.join(" and "), target.display());
+    let mut pip = Command::new(fetch_tokenizer::python());
+    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"]).arg(&target).args(PIP_CUDA);
+    step("pip install", pip)
+}
