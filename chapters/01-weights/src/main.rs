@@ -158,7 +158,7 @@ fn print_table(checkpoint: &Checkpoint, config: &Config) {
             let layer_bytes: usize = checkpoint.tensors[1..1 + per_layer].iter().map(|t| t.bytes.len()).sum();
             println!(
                 "{:<48} {:>14} {:>10.2}",
-                format!("model.layers.1..{}.* (same 9 tensors each)", config.num_hidden_layers - 1),
+                format!("layers 1 to {}: the same 9 tensors each", config.num_hidden_layers - 1),
                 "",
                 mib(layer_bytes * (config.num_hidden_layers - 1))
             );

@@ -7,12 +7,13 @@ use std::process::{Command, Output};
 use llama_reference::synth::{SynthConfig, write_checkpoint};
 use safetensors::{Dtype, tensor::TensorView};
 
-fn ch01(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ch01-weights")).args(args).output().unwrap()
+/// Runs this chapter's binary.
+fn run_binary(args: &[&str]) -> Output {
+    Command::new(env!(concat!("CARGO_BIN_EXE_", env!("CARGO_PKG_NAME")))).args(args).output().unwrap()
 }
 
 fn run_no_gpu(model: &Path) -> Output {
-    ch01(&["--model", model.to_str().unwrap(), "--no-gpu"])
+    run_binary(&["--model", model.to_str().unwrap(), "--no-gpu"])
 }
 
 /// Asserts a clean failure: non-zero exit, one `error:` line containing `expected`, no panic.
@@ -64,7 +65,7 @@ fn validates_a_tiny_checkpoint_and_prints_the_table() {
 #[test]
 fn header_flag_prints_the_raw_json_header() {
     let model = tiny_model();
-    let output = ch01(&["--model", model.path().to_str().unwrap(), "--header"]);
+    let output = run_binary(&["--model", model.path().to_str().unwrap(), "--header"]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success());
     let mut lines = stdout.lines();
@@ -156,6 +157,6 @@ fn without_a_driver_the_gpu_path_fails_cleanly() {
         return;
     }
     let model = tiny_model();
-    let output = ch01(&["--model", model.path().to_str().unwrap()]);
+    let output = run_binary(&["--model", model.path().to_str().unwrap()]);
     assert_fails_with(&output, "no NVIDIA driver found");
 }

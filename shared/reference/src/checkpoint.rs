@@ -87,9 +87,8 @@ fn shard_paths(index: &Path) -> Result<Vec<PathBuf>> {
     let text = std::fs::read_to_string(index).with_context(|| format!("cannot read {}", index.display()))?;
     let json: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", index.display()))?;
-    let weight_map = json["weight_map"]
-        .as_object()
-        .with_context(|| format!("{} has no weight_map", index.display()))?;
+    let weight_map =
+        json["weight_map"].as_object().with_context(|| format!("{} has no weight_map", index.display()))?;
     let mut names: Vec<&str> = weight_map.values().filter_map(|v| v.as_str()).collect();
     names.sort_unstable();
     names.dedup();

@@ -88,8 +88,7 @@ enum OneOrMany {
 impl LlamaConfig {
     /// Reads and checks `config.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         Self::from_json(&text).with_context(|| format!("{} is not a usable Llama config", path.display()))
     }
 
@@ -195,10 +194,7 @@ fn llama3_scaling(params: &RawRopeParameters) -> Result<Llama3Scaling> {
             .ok_or_else(|| missing("original_max_position_embeddings"))?,
     };
     ensure!(scaling.factor >= 1.0, "rope factor must be at least 1");
-    ensure!(
-        scaling.high_freq_factor > scaling.low_freq_factor,
-        "high_freq_factor must exceed low_freq_factor"
-    );
+    ensure!(scaling.high_freq_factor > scaling.low_freq_factor, "high_freq_factor must exceed low_freq_factor");
     Ok(scaling)
 }
 

@@ -266,7 +266,11 @@ fn tensor_list<'a>(config: &'a LlamaConfig, plan: &'a Plan) -> Vec<(String, Lazy
             Box::new(move |i| plan.embedding(i / hidden, i % hidden) + 0.05 * uniform(key, i as u64)),
         );
     }
-    add("model.norm.weight".into(), vec![hidden], norm_weights(stream_key(seed, "model.norm"), FINAL_NORM_GAIN / hidden as f32));
+    add(
+        "model.norm.weight".into(),
+        vec![hidden],
+        norm_weights(stream_key(seed, "model.norm"), FINAL_NORM_GAIN / hidden as f32),
+    );
 
     // Output scale of o_proj and down_proj: each of the 2·layers sublayers adds about
     // 1/(2·layers) to the residual stream's mean square (the 1.6 was measured), so the stream
@@ -308,7 +312,13 @@ impl Plan {
     fn planted_gate(&self, key: u64, i: usize) -> f32 {
         let (unit, coord) = (i / self.config.hidden_size, i % self.config.hidden_size);
         match self.planted_unit(unit) {
-            Some(_) => if coord == 0 { ANCHOR_GATE / ANCHOR_VALUE } else { 0.0 },
+            Some(_) => {
+                if coord == 0 {
+                    ANCHOR_GATE / ANCHOR_VALUE
+                } else {
+                    0.0
+                }
+            }
             None => uniform(key, i as u64) / (self.config.hidden_size as f32).sqrt(),
         }
     }
@@ -316,7 +326,13 @@ impl Plan {
     fn planted_up(&self, key: u64, i: usize) -> f32 {
         let (unit, coord) = (i / self.config.hidden_size, i % self.config.hidden_size);
         match self.planted_unit(unit) {
-            Some(served) => if coord == served { 1.0 } else { 0.0 },
+            Some(served) => {
+                if coord == served {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
             None => uniform(key, i as u64) / (self.config.hidden_size as f32).sqrt(),
         }
     }

@@ -53,9 +53,8 @@ fn workspace_members_match_folders() -> Result<Vec<String>> {
         }
         let manifest = dir.join("Cargo.toml");
         match std::fs::read_to_string(&manifest) {
-            Ok(text) if !text.contains(&format!("name = \"{}\"", paths::package_name(&name))) => {
-                problems.push(format!("chapters/{name}/Cargo.toml must name its package {}", paths::package_name(&name)))
-            }
+            Ok(text) if !text.contains(&format!("name = \"{}\"", paths::package_name(&name))) => problems
+                .push(format!("chapters/{name}/Cargo.toml must name its package {}", paths::package_name(&name))),
             Err(_) => problems.push(format!("chapters/{name} has no Cargo.toml")),
             Ok(_) => {}
         }
@@ -181,7 +180,11 @@ mod tests {
     fn finds_includes_and_resolves_anchors() {
         let temp = tempfile::tempdir().unwrap();
         let dir = temp.path().to_path_buf();
-        std::fs::write(dir.join("code.rs"), "a\n// ANCHOR: x\nfn x() {}\n// ANCHOR_END: x\n// ANCHOR: empty\n// ANCHOR_END: empty\n").unwrap();
+        std::fs::write(
+            dir.join("code.rs"),
+            "a\n// ANCHOR: x\nfn x() {}\n// ANCHOR_END: x\n// ANCHOR: empty\n// ANCHOR_END: empty\n",
+        )
+        .unwrap();
         let page = "text {{#include code.rs:x}} more {{#include code.rs:missing}} {{#include code.rs:empty}}";
         let found = includes(page);
         assert_eq!(found, vec!["code.rs:x", "code.rs:missing", "code.rs:empty"]);

@@ -74,7 +74,12 @@ fn find_wheel(dir: &Path) -> Result<PathBuf> {
 fn extract(wheel: &Path, member: &str) -> Result<Vec<u8>> {
     let script = "import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))";
     let output = Command::new(python()).args(["-c", script]).arg(wheel).arg(member).output()?;
-    ensure!(output.status.success(), "cannot read {member} from {}: {}", wheel.display(), String::from_utf8_lossy(&output.stderr));
+    ensure!(
+        output.status.success(),
+        "cannot read {member} from {}: {}",
+        wheel.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
     Ok(output.stdout)
 }
 

@@ -61,7 +61,10 @@ fn install_book_tools() -> Result<PathBuf> {
     if !cached {
         println!("== installing {MDBOOK} and {MDBOOK_KATEX} into {}", bin.display());
         let root = paths::cache().join("tools");
-        step("cargo install", cargo(&["install", "--locked", "--quiet", "--root", &root.to_string_lossy(), MDBOOK, MDBOOK_KATEX]))?;
+        step(
+            "cargo install",
+            cargo(&["install", "--locked", "--quiet", "--root", &root.to_string_lossy(), MDBOOK, MDBOOK_KATEX]),
+        )?;
     }
     Ok(bin)
 }
@@ -69,11 +72,15 @@ fn install_book_tools() -> Result<PathBuf> {
 /// libnvrtc and the CUDA headers, from the PyPI packages NVIDIA publishes, for `cargo x nvrtc`.
 fn install_pip_cuda() -> Result<()> {
     let target = paths::cache().join("cuda");
-    if nvrtc::pip_cuda_dir().join("include/cuda_bf16.h").exists() && nvrtc::pip_cuda_dir().join("lib/libnvrtc.so.13").exists() {
+    if nvrtc::pip_cuda_dir().join("include/cuda_bf16.h").exists()
+        && nvrtc::pip_cuda_dir().join("lib/libnvrtc.so.13").exists()
+    {
         return Ok(());
     }
     println!("== installing {} into {}", PIP_CUDA.join(" and "), target.display());
     let mut pip = Command::new(fetch_tokenizer::python());
-    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"]).arg(&target).args(PIP_CUDA);
+    pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+        .arg(&target)
+        .args(PIP_CUDA);
     step("pip install", pip)
 }
