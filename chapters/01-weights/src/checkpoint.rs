@@ -76,38 +76,32 @@ impl Checkpoint {
     pub fn open(path: &Path, config: &Config) -> Result<Self> {
         let mmap = map_file(path)?;
         let header_len = raw_header(&mmap).with_context(|| format!("{} is corrupt", path.display()))?.len();
-        let file_tensors = SafeTensors::deserialize(&mmap)
+        // The crate checks the JSON, every offset, and that the tensors exactly fill the file.
+        let (_, metadata) = SafeTensors::read_metadata(&mmap)
             .map_err(|e| anyhow::anyhow!("{} is truncated or corrupt: {e}", path.display()))?;
         let data_start = 8 + header_len;
 
         let mut tensors = Vec::new();
         for (name, shape) in expected_tensors(config) {
-            let view = file_tensors
-                .tensor(&name)
-                .map_err(|_| anyhow::anyhow!("{}: tensor {name} is missing", path.display()))?;
+            let info = metadata.info(&name).with_context(|| format!("{}: tensor {name} is missing", path.display()))?;
             ensure!(
-                view.dtype() == Dtype::BF16,
+                info.dtype == Dtype::BF16,
                 "{}: tensor {name} has dtype {:?}, expected BF16",
                 path.display(),
-                view.dtype()
+                info.dtype
             );
             ensure!(
-                view.shape() == shape,
+                info.shape == shape,
                 "{}: tensor {name} has shape {:?}, expected {shape:?} from config.json",
                 path.display(),
-                view.shape()
+                info.shape
             );
-            // The view borrows from the mapping; turn it back into a file offset.
-            let start = view.data().as_ptr() as usize - mmap.as_ptr() as usize;
-            debug_assert!(start >= data_start);
-            tensors.push(TensorEntry { name, shape, bytes: start..start + view.data().len() });
+            // Offsets in the header count from the end of the header.
+            let (start, end) = info.data_offsets;
+            tensors.push(TensorEntry { name, shape, bytes: data_start + start..data_start + end });
         }
-        let mut ignored: Vec<String> = file_tensors
-            .names()
-            .into_iter()
-            .filter(|name| !tensors.iter().any(|t| &t.name == *name))
-            .map(String::from)
-            .collect();
+        let mut ignored: Vec<String> =
+            metadata.tensors().into_keys().filter(|name| !tensors.iter().any(|t| &t.name == name)).collect();
         ignored.sort();
         Ok(Checkpoint { mmap, header_len, tensors, ignored })
     }

@@ -30,13 +30,18 @@ pub struct Config {
 }
 
 /// Llama 3's RoPE frequency scaling (`"rope_type": "llama3"`), explained in chapter 5.
+/// The numbers are absent (zero here) when `rope_type` is `"default"`: no scaling.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RopeScaling {
     pub rope_type: String,
     pub rope_theta: Option<f64>,
+    #[serde(default)]
     pub factor: f64,
+    #[serde(default)]
     pub low_freq_factor: f64,
+    #[serde(default)]
     pub high_freq_factor: f64,
+    #[serde(default)]
     pub original_max_position_embeddings: usize,
 }
 // ANCHOR_END: config
@@ -51,6 +56,9 @@ impl Config {
         }
         if config.rope_theta.is_none() {
             config.rope_theta = config.rope_scaling.as_ref().and_then(|s| s.rope_theta);
+        }
+        if config.rope_scaling.as_ref().is_some_and(|s| s.rope_type == "default") {
+            config.rope_scaling = None;
         }
         config.validate().with_context(|| format!("{} is not a usable Llama config", path.display()))?;
         Ok(config)
@@ -69,6 +77,10 @@ impl Config {
             if scaling.rope_type != "llama3" {
                 bail!("unsupported rope_type {:?}: this engine implements \"llama3\"", scaling.rope_type);
             }
+            ensure!(
+                scaling.factor >= 1.0 && scaling.high_freq_factor > scaling.low_freq_factor,
+                "rope_type llama3 needs factor >= 1 and high_freq_factor > low_freq_factor"
+            );
         }
         Ok(())
     }
