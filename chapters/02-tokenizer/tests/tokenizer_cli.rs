@@ -16,7 +16,7 @@ fn tokenizer_path() -> PathBuf {
 }
 
 fn binary() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_ch02-tokenizer"))
+    Command::new(env!(concat!("CARGO_BIN_EXE_", env!("CARGO_PKG_NAME"))))
 }
 
 /// Runs the binary with `args` after `--tokenizer <real file>`, feeding `stdin`.
@@ -34,7 +34,7 @@ fn run(mut command: Command, stdin: &[u8]) -> Output {
 }
 
 fn stdout(output: &Output) -> String {
-    assert!(output.status.success(), "ch02-tokenizer failed: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the binary failed: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8(output.stdout.clone()).unwrap()
 }
 
