@@ -67,7 +67,7 @@ impl Config {
     fn validate(&self) -> Result<()> {
         ensure!(self.num_hidden_layers > 0 && self.hidden_size > 0, "the model has no layers or no width");
         ensure!(
-            self.num_key_value_heads > 0 && self.num_attention_heads % self.num_key_value_heads == 0,
+            self.num_key_value_heads > 0 && self.num_attention_heads.is_multiple_of(self.num_key_value_heads),
             "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
             self.num_attention_heads,
             self.num_key_value_heads

@@ -131,8 +131,10 @@ pub fn check_against_file(stream: &Arc<CudaStream>, checkpoint: &Checkpoint, wei
         ensure!(buffer.len() * 2 == file_bytes.len(), "{name}: GPU buffer has the wrong size");
         for range in sample_ranges(buffer.len(), SAMPLE) {
             let on_gpu: Vec<bf16> = stream.clone_dtoh(&buffer.slice(range.clone()))?;
-            let in_file: Vec<bf16> =
-                file_bytes[range.start * 2..range.end * 2].chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]])).collect();
+            let in_file: Vec<bf16> = file_bytes[range.start * 2..range.end * 2]
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]))
+                .collect();
             if let Some(i) = on_gpu.iter().zip(&in_file).position(|(g, f)| g.to_bits() != f.to_bits()) {
                 anyhow::bail!("{name}: element {} differs between the GPU and the file", range.start + i);
             }
@@ -148,8 +150,9 @@ pub fn check_against_file(stream: &Arc<CudaStream>, checkpoint: &Checkpoint, wei
 
 /// The start, middle and end of a buffer of `len` values, or the whole of it when small.
 fn sample_ranges(len: usize, sample: usize) -> Vec<Range<usize>> {
+    let whole = 0..len;
     if len <= 3 * sample {
-        return vec![0..len];
+        return vec![whole];
     }
     let middle = (len - sample) / 2;
     vec![0..sample, middle..middle + sample, len - sample..len]

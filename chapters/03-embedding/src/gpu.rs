@@ -61,7 +61,13 @@ impl Gpu {
 
 // ANCHOR: compile_kernel
 /// NVRTC: CUDA C++ source → PTX for `arch`; then the driver loads the PTX.
-fn compile_kernel(ctx: &Arc<CudaContext>, name: &str, source: &str, arch: &str, include_dir: &Path) -> Result<Arc<CudaModule>> {
+fn compile_kernel(
+    ctx: &Arc<CudaContext>,
+    name: &str,
+    source: &str,
+    arch: &str,
+    include_dir: &Path,
+) -> Result<Arc<CudaModule>> {
     // SAFETY: only tries to load libnvrtc.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         bail!("libnvrtc (NVIDIA's run-time compiler) cannot be loaded: install the CUDA toolkit");

@@ -8,6 +8,7 @@ mod check;
 mod checkpoint;
 mod config;
 mod gpu;
+mod ops;
 mod tokenizer;
 mod weights;
 
@@ -19,8 +20,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
-use half::bf16;
+use cudarc::driver::CudaContext;
 
 use checkpoint::Checkpoint;
 use config::Config;
@@ -157,9 +157,9 @@ fn run(cli: Cli) -> Result<()> {
     let gpu = Gpu::new(&ctx, stream.clone())?;
     println!("kernels compiled by NVRTC for {} in {:.0} ms", gpu.arch, start.elapsed().as_secs_f64() * 1e3);
     let ids = tokenizer.encode_prompt(cli.system.as_deref(), prompt)?;
-    let hidden_states = embed(&gpu, &weights, &config, &ids)?;
+    let hidden_states = ops::embed(&gpu, &weights, &config, &ids)?;
     let rows = check::to_f32(&stream.clone_dtoh(&hidden_states)?);
-    show_rows(&tokenizer, &ids, &rows, config.hidden_size)?;
+    show_rows("embedding rows, gathered on the GPU", &tokenizer, &ids, &rows, config.hidden_size)?;
     if cli.check {
         let reference = llama_reference::Model::load(&cli.model).context("loading the CPU reference model")?;
         let expected = reference.embed(&ids)?;
@@ -170,33 +170,10 @@ fn run(cli: Cli) -> Result<()> {
 }
 // ANCHOR_END: run
 
-// ANCHOR: embed
-/// Uploads the token ids and gathers their embedding rows on the GPU:
-/// `[tokens] → [tokens, hidden]`.
-fn embed(gpu: &Gpu, weights: &Weights, config: &Config, ids: &[u32]) -> Result<CudaSlice<bf16>> {
-    let ids_on_gpu = gpu.stream.clone_htod(ids)?;
-    let mut out = gpu.alloc_nan::<bf16>(ids.len() * config.hidden_size)?;
-    let hidden = config.hidden_size as i32;
-    let launch = LaunchConfig { grid_dim: (ids.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: the arguments match the kernel's signature; every id is below the vocabulary
-    // size (the tokenizer only produces such ids), so every read is inside the table.
-    unsafe {
-        gpu.stream
-            .launch_builder(&gpu.kernels.embedding_gather)
-            .arg(&weights.embed_tokens)
-            .arg(&ids_on_gpu)
-            .arg(&mut out)
-            .arg(&hidden)
-            .launch(launch)
-    }?;
-    Ok(out)
-}
-// ANCHOR_END: embed
-
-/// Each token with the first and last few of its 2,048 embedding values.
-fn show_rows(tokenizer: &Tokenizer, ids: &[u32], rows: &[f32], hidden: usize) -> Result<()> {
+/// Each token with the first and last few values of its row.
+fn show_rows(title: &str, tokenizer: &Tokenizer, ids: &[u32], rows: &[f32], hidden: usize) -> Result<()> {
     println!();
-    println!("embedding: {} tokens x {hidden} values, gathered on the GPU", ids.len());
+    println!("{title}: {} tokens x {hidden} values", ids.len());
     for (&id, row) in ids.iter().zip(rows.chunks_exact(hidden)) {
         let piece = format!("{:?}", String::from_utf8_lossy(tokenizer.token_bytes(id)?));
         let values = |vals: &[f32]| vals.iter().map(|v| format!("{v:>8.4}")).collect::<Vec<_>>().join(" ");

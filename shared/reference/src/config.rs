@@ -134,12 +134,12 @@ impl LlamaConfig {
             ensure!(value > 0, "{name} must be positive");
         }
         ensure!(
-            self.num_attention_heads % self.num_key_value_heads == 0,
+            self.num_attention_heads.is_multiple_of(self.num_key_value_heads),
             "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
             self.num_attention_heads,
             self.num_key_value_heads
         );
-        ensure!(self.head_dim % 2 == 0, "head_dim ({}) must be even for RoPE", self.head_dim);
+        ensure!(self.head_dim.is_multiple_of(2), "head_dim ({}) must be even for RoPE", self.head_dim);
         ensure!(self.rms_norm_eps > 0.0, "rms_norm_eps must be positive");
         Ok(())
     }

@@ -210,7 +210,7 @@ impl Cycles {
 /// The longest orbit that divides `vocab` and fits in `n` coordinates while leaving at
 /// most a sixteenth of them as fixed points (which every token of an orbit shares).
 fn orbit_length(n: usize, vocab: usize) -> usize {
-    (1..=n).rev().find(|&length| vocab % length == 0 && n % length <= n / 16).unwrap_or(1)
+    (1..=n).rev().find(|&length| vocab.is_multiple_of(length) && n % length <= n / 16).unwrap_or(1)
 }
 
 /// A tensor whose BF16 bytes are computed when the writer asks for them, one tensor at a

@@ -28,7 +28,7 @@ pub struct Args {
     /// Seed of the synthetic weights; each run draws a new one unless given.
     #[arg(long)]
     seed: Option<u64>,
-    /// Meta's tokenizer.model, copied into the synthetic model directory (chapters 2+).
+    /// Meta's tokenizer.model, for chapters 2 and later [default: they look for it themselves].
     #[arg(long)]
     tokenizer: Option<PathBuf>,
 }
@@ -46,8 +46,10 @@ pub fn run(args: Args) -> Result<()> {
     let seed = args.seed.unwrap_or_else(time_seed);
     let model = match &args.model {
         Some(dir) => dir.clone(),
-        None => synthetic_model(&args.work_dir, seed, args.tokenizer.as_deref())?,
+        None => synthetic_model(&args.work_dir, seed)?,
     };
+    let prompt = random_prompt(seed);
+    println!("gpu-check: prompt {prompt:?}");
     let mut rows = Vec::new();
     for (folder, _) in paths::chapters()? {
         let name = paths::package_name(&folder);
@@ -56,9 +58,17 @@ pub fn run(args: Args) -> Result<()> {
             rows.push(Row::note(&name, &format!("no binary in {}", args.bin_dir.display()), "SKIPPED"));
             continue;
         }
-        rows.extend(run_chapter(&name, &binary, &model)?);
+        // Chapter 1 has no tokenizer; from chapter 2 on every binary takes a prompt.
+        let mut chapter_args = vec!["--model".into(), model.display().to_string(), "--check".into()];
+        if folder.as_str() >= "02" {
+            if let Some(tokenizer) = &args.tokenizer {
+                chapter_args.extend(["--tokenizer".into(), tokenizer.display().to_string()]);
+            }
+            chapter_args.push(prompt.clone());
+        }
+        rows.extend(run_chapter(&name, &binary, &chapter_args)?);
     }
-    print_table(&rows, &model, seed, args.model.is_some());
+    print_table(&rows, &model, seed, &prompt, args.model.is_some());
     let failed = rows.iter().filter(|r| r.verdict != "PASS" && r.verdict != "SKIPPED").count();
     if failed > 0 {
         bail!("{failed} check(s) failed");
@@ -66,29 +76,63 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// A prompt of a few words drawn with `seed`, so each run checks different tokens.
+fn random_prompt(seed: u64) -> String {
+    const WORDS: [&str; 24] = [
+        "explain",
+        "why",
+        "the",
+        "sky",
+        "is",
+        "blue",
+        "in",
+        "two",
+        "sentences",
+        "please",
+        "write",
+        "a",
+        "haiku",
+        "about",
+        "Rust",
+        "GPUs",
+        "tokens",
+        "and",
+        "memory",
+        "bandwidth",
+        "café",
+        "naïve",
+        "🙂",
+        "42",
+    ];
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let count = 4 + (next() % 12) as usize;
+    let words: Vec<&str> = (0..count).map(|_| WORDS[(next() % WORDS.len() as u64) as usize]).collect();
+    words.join(" ")
+}
+
 fn time_seed() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) % 1_000_000
 }
 
-fn synthetic_model(dir: &Path, seed: u64, tokenizer: Option<&Path>) -> Result<PathBuf> {
+fn synthetic_model(dir: &Path, seed: u64) -> Result<PathBuf> {
     println!("gpu-check: writing a synthetic 1B checkpoint (seed {seed}) to {}", dir.display());
+    let start = std::time::Instant::now();
     write_checkpoint(SynthConfig::OneB, seed, dir)?;
-    let tokenizer = tokenizer.map(Path::to_path_buf).unwrap_or_else(paths::default_tokenizer);
-    if tokenizer.exists() {
-        std::fs::copy(&tokenizer, dir.join("tokenizer.model")).context("copying tokenizer.model")?;
-    }
+    println!("gpu-check: written in {:.1} s", start.elapsed().as_secs_f64());
     Ok(dir.to_path_buf())
 }
 
 /// Runs one chapter's `--check` and turns its `check:` lines into rows.
-fn run_chapter(name: &str, binary: &Path, model: &Path) -> Result<Vec<Row>> {
-    println!("gpu-check: {name} --check");
-    let output = Command::new(binary)
-        .arg("--model")
-        .arg(model)
-        .arg("--check")
-        .output()
-        .with_context(|| format!("cannot run {}", binary.display()))?;
+fn run_chapter(name: &str, binary: &Path, args: &[String]) -> Result<Vec<Row>> {
+    println!("gpu-check: {name} {}", args.join(" "));
+    let output =
+        Command::new(binary).args(args).output().with_context(|| format!("cannot run {}", binary.display()))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     print!("{stdout}");
@@ -130,10 +174,10 @@ impl Row {
     }
 }
 
-fn print_table(rows: &[Row], model: &Path, seed: u64, given_model: bool) {
+fn print_table(rows: &[Row], model: &Path, seed: u64, prompt: &str, given_model: bool) {
     println!();
     let source = if given_model { format!("{}", model.display()) } else { format!("synthetic 1B, seed {seed}") };
-    println!("gpu-check on {source}");
+    println!("gpu-check on {source}, prompt {prompt:?}");
     let widths = [
         rows.iter().map(|r| r.chapter.len()).max().unwrap_or(0).max(7),
         rows.iter().map(|r| r.what.len()).max().unwrap_or(0).max(8),
