@@ -31,7 +31,9 @@ __device__ float block_sum(float value) {
         if (lane == 0) warp_sums[0] = value;
     }
     __syncthreads();
-    return warp_sums[0];
+    const float total = warp_sums[0];
+    __syncthreads();  // everyone has read the total: warp_sums may be reused
+    return total;
 }
 // ANCHOR_END: block_sum
 

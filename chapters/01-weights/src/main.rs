@@ -155,7 +155,10 @@ fn print_table(checkpoint: &Checkpoint, config: &Config) {
         if entry.name == "model.layers.0.mlp.down_proj.weight" && config.num_hidden_layers > 1 {
             let later: usize =
                 checkpoint.tensors.iter().filter(|t| is_later_layer(&t.name)).map(|t| t.bytes.len()).sum();
-            let label = format!("layers 1 to {}: the same 9 tensors each", config.num_hidden_layers - 1);
+            let label = match config.num_hidden_layers - 1 {
+                1 => "layer 1: the same 9 tensors".to_string(),
+                last => format!("layers 1 to {last}: the same 9 tensors each"),
+            };
             println!("{label:<48} {:>14} {:>10.3}", "", mib(later));
         }
     }

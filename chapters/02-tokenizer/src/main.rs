@@ -87,6 +87,9 @@ fn main() -> ExitCode {
 // ANCHOR: run
 fn run(cli: Cli) -> Result<()> {
     if let Some(command) = &cli.command {
+        if cli.prompt.is_some() || cli.system.is_some() {
+            bail!("a PROMPT or --system before the subcommand would be ignored (write `chat --system TEXT PROMPT`)");
+        }
         let tokenizer = Tokenizer::from_file(tokenizer_file(cli.tokenizer.as_deref(), &cli.model)?)?;
         return run_tokenizer_command(&tokenizer, command);
     }
@@ -151,8 +154,7 @@ fn show_prompt(tokenizer: &Tokenizer, system: Option<&str>, prompt: &str) -> Res
     println!();
     println!("prompt  {prompt:?} in the chat format: {} token ids", ids.len());
     for &id in &ids {
-        let piece = String::from_utf8_lossy(tokenizer.token_bytes(id)?).into_owned();
-        println!("{id:>8}  {piece:?}");
+        println!("{id:>8}  {}", show_piece(tokenizer.token_bytes(id)?));
     }
     // Decode the way a generator prints: one id at a time, holding back split characters.
     let mut streamed = String::new();
@@ -176,6 +178,15 @@ fn show_prompt(tokenizer: &Tokenizer, system: Option<&str>, prompt: &str) -> Res
     Ok(())
 }
 // ANCHOR_END: show_prompt
+
+/// A token's bytes for display: a quoted string, or escaped bytes when the token holds
+/// only part of a UTF-8 character (an emoji's 4 bytes are often split over 2 tokens).
+fn show_piece(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => format!("{text:?}"),
+        Err(_) => format!("b\"{}\"", bytes.escape_ascii()),
+    }
+}
 
 // ANCHOR: tokenizer_commands
 /// `encode`, `decode` and `chat`: the tokenizer without the model.
@@ -288,7 +299,10 @@ fn print_table(checkpoint: &Checkpoint, config: &Config) {
         if entry.name == "model.layers.0.mlp.down_proj.weight" && config.num_hidden_layers > 1 {
             let later: usize =
                 checkpoint.tensors.iter().filter(|t| is_later_layer(&t.name)).map(|t| t.bytes.len()).sum();
-            let label = format!("layers 1 to {}: the same 9 tensors each", config.num_hidden_layers - 1);
+            let label = match config.num_hidden_layers - 1 {
+                1 => "layer 1: the same 9 tensors".to_string(),
+                last => format!("layers 1 to {last}: the same 9 tensors each"),
+            };
             println!("{label:<48} {:>14} {:>10.3}", "", mib(later));
         }
     }

@@ -3,6 +3,7 @@
 //! The rule, as in tiktoken: start with one part per byte, then repeatedly
 //! merge the adjacent pair whose concatenation is the token with the lowest
 //! rank (leftmost pair on a tie), until no adjacent pair forms a token.
+//! A token's rank is its id: here we say "rank" because that is its role.
 //!
 //! Done literally, every merge rescans all pairs: O(n²) for an n-byte piece,
 //! which crawls on a 25,000-byte run of letters. Instead we keep

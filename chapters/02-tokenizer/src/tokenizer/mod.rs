@@ -83,8 +83,8 @@ impl Tokenizer {
     /// Encodes text to token ids, with no `<|begin_of_text|>` in front.
     ///
     /// Text that looks like a special token is encoded as ordinary text.
-    /// Errors only if the regex engine gives up (it has backtracking limits),
-    /// which Meta's input splitting keeps far out of reach.
+    /// Errors only if the regex engine gives up (fancy-regex has a backtracking limit);
+    /// no input we have tried comes near it.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         for chunk in split_like_meta(text) {

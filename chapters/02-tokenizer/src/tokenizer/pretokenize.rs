@@ -62,6 +62,8 @@ fn split_every_n_chars(text: &str, n: usize) -> Vec<&str> {
 fn split_long_runs(text: &str, max_run: usize) -> Vec<&str> {
     let mut chunks = Vec::new();
     let mut chunk_start = 0;
+    // The first character continues a "run" of its own kind, so it counts as 1 in the
+    // `else` branch below.
     let mut run_len = 0;
     let mut run_is_space = text.chars().next().is_some_and(is_python_space);
     for (i, c) in text.char_indices() {

@@ -57,6 +57,7 @@ impl Message {
 }
 
 impl Tokenizer {
+    // ANCHOR: encode_chat
     /// Encodes a conversation, ending with an open assistant header for the
     /// model to complete.
     pub fn encode_chat(&self, messages: &[Message]) -> Result<Vec<u32>> {
@@ -69,7 +70,9 @@ impl Tokenizer {
         self.push_header(Role::Assistant, &mut ids)?;
         Ok(ids)
     }
+    // ANCHOR_END: encode_chat
 
+    // ANCHOR: encode_prompt
     /// Encodes a single user prompt, after a system prompt if one is given.
     pub fn encode_prompt(&self, system: Option<&str>, user: &str) -> Result<Vec<u32>> {
         let system = system.map(|text| Message::new(Role::System, text));
@@ -77,7 +80,9 @@ impl Tokenizer {
         let messages: Vec<Message> = system.into_iter().chain([user]).collect();
         self.encode_chat(&messages)
     }
+    // ANCHOR_END: encode_prompt
 
+    // ANCHOR: push_header
     /// `<|start_header_id|>{role}<|end_header_id|>\n\n`
     fn push_header(&self, role: Role, ids: &mut Vec<u32>) -> Result<()> {
         ids.push(START_HEADER_ID);
@@ -86,4 +91,5 @@ impl Tokenizer {
         ids.extend(self.encode("\n\n")?);
         Ok(())
     }
+    // ANCHOR_END: push_header
 }

@@ -50,6 +50,7 @@ use bpe::MergeableRanks;
 use pretokenize::{PRETOKENIZER_PATTERN, split_like_meta};
 use special::{NUM_BASE_TOKENS, VOCAB_SIZE, special_token_names};
 
+// ANCHOR: tokenizer_struct
 /// Llama 3's tokenizer: 128,000 byte-pair tokens plus 256 special tokens.
 pub struct Tokenizer {
     /// Bytes → id, for the ordinary tokens only, so that text can never
@@ -59,8 +60,10 @@ pub struct Tokenizer {
     token_bytes: Vec<Vec<u8>>,
     pretokenizer: Regex,
 }
+// ANCHOR_END: tokenizer_struct
 
 impl Tokenizer {
+    // ANCHOR: from_file
     /// Loads Meta's `tokenizer.model`: 128,000 lines of `<base64 bytes> <rank>`,
     /// where the rank is the token id and equals the line index.
     ///
@@ -74,12 +77,14 @@ impl Tokenizer {
         token_bytes.extend(special_token_names().into_iter().map(String::into_bytes));
         Ok(Self { ranks, token_bytes, pretokenizer: Regex::new(PRETOKENIZER_PATTERN)? })
     }
+    // ANCHOR_END: from_file
 
+    // ANCHOR: encode
     /// Encodes text to token ids, with no `<|begin_of_text|>` in front.
     ///
     /// Text that looks like a special token is encoded as ordinary text.
-    /// Errors only if the regex engine gives up (it has backtracking limits),
-    /// which Meta's input splitting keeps far out of reach.
+    /// Errors only if the regex engine gives up (fancy-regex has a backtracking limit);
+    /// no input we have tried comes near it.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
         for chunk in split_like_meta(text) {
@@ -90,6 +95,7 @@ impl Tokenizer {
         }
         Ok(ids)
     }
+    // ANCHOR_END: encode
 
     /// The id of the ordinary token with exactly these bytes, if there is one.
     #[cfg(test)]
@@ -97,6 +103,7 @@ impl Tokenizer {
         self.ranks.rank_of(bytes)
     }
 
+    // ANCHOR: decode
     /// The bytes of one token; a special token gives its name.
     pub fn token_bytes(&self, id: u32) -> Result<&[u8]> {
         self.token_bytes
@@ -120,6 +127,7 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned())
     }
+    // ANCHOR_END: decode
 }
 
 /// The ordinary tokens of `tokenizer.model`, indexed both ways.
@@ -128,6 +136,7 @@ struct ParsedModel {
     by_bytes: HashMap<Vec<u8>, u32>,
 }
 
+// ANCHOR: parse_model
 /// Parses every line, checking that line `i` (counting from 0) has rank `i`,
 /// that no token appears twice and that there are exactly 128,000 lines.
 /// `file_name` is only for error messages.
@@ -156,7 +165,9 @@ fn parse_model(contents: &[u8], file_name: &str) -> Result<ParsedModel> {
     }
     Ok(ParsedModel { token_bytes, by_bytes })
 }
+// ANCHOR_END: parse_model
 
+// ANCHOR: parse_line
 /// Parses `<base64 bytes> <rank>`.
 fn parse_line(line: &[u8]) -> Result<(Vec<u8>, u32)> {
     let line = std::str::from_utf8(line).context("not UTF-8")?;
@@ -166,3 +177,4 @@ fn parse_line(line: &[u8]) -> Result<(Vec<u8>, u32)> {
     let rank = rank.parse().with_context(|| format!("bad rank {rank:?}"))?;
     Ok((bytes, rank))
 }
+// ANCHOR_END: parse_line

@@ -3,6 +3,7 @@
 //! The rule, as in tiktoken: start with one part per byte, then repeatedly
 //! merge the adjacent pair whose concatenation is the token with the lowest
 //! rank (leftmost pair on a tie), until no adjacent pair forms a token.
+//! A token's rank is its id: here we say "rank" because that is its role.
 //!
 //! Done literally, every merge rescans all pairs: O(n²) for an n-byte piece,
 //! which crawls on a 25,000-byte run of letters. Instead we keep
@@ -26,12 +27,14 @@ use anyhow::{Result, bail};
 /// the part on its left).
 const NOT_A_PART: usize = usize::MAX;
 
+// ANCHOR: mergeable_ranks
 /// The ordinary tokens, looked up by their bytes.
 pub(crate) struct MergeableRanks {
     by_bytes: HashMap<Vec<u8>, u32>,
     /// The token of each single byte: where every piece starts from.
     by_single_byte: [u32; 256],
 }
+// ANCHOR_END: mergeable_ranks
 
 impl MergeableRanks {
     /// Fails if some byte value has no token of its own, because then not
@@ -52,6 +55,7 @@ impl MergeableRanks {
         self.by_bytes.get(bytes).copied()
     }
 
+    // ANCHOR: encode_piece
     /// Appends the tokens of `piece` to `out`.
     pub(crate) fn encode_piece(&self, piece: &[u8], out: &mut Vec<u32>) {
         // Most pieces (common words) are tokens already.
@@ -78,7 +82,9 @@ impl MergeableRanks {
         }
         out.extend(parts.ranks_in_order());
     }
+    // ANCHOR_END: encode_piece
 
+    // ANCHOR: push_candidate
     /// Offers merging `piece[start..end]` into one part, if it is a token.
     fn push_candidate(
         &self,
@@ -93,8 +99,10 @@ impl MergeableRanks {
             candidates.push(Reverse((rank, start, end)));
         }
     }
+    // ANCHOR_END: push_candidate
 }
 
+// ANCHOR: parts
 /// The parts of a piece, as a linked list indexed by byte offset: the part
 /// that starts at byte `s` covers `s..end[s]`.
 struct Parts {
@@ -105,7 +113,9 @@ struct Parts {
     /// Token of the part starting at `s`.
     rank: Vec<u32>,
 }
+// ANCHOR_END: parts
 
+// ANCHOR: parts_impl
 impl Parts {
     fn one_per_byte(piece: &[u8], by_single_byte: &[u32; 256]) -> Self {
         Self {
@@ -159,6 +169,7 @@ impl Parts {
         ranks
     }
 }
+// ANCHOR_END: parts_impl
 
 #[cfg(test)]
 mod tests {
@@ -180,6 +191,7 @@ mod tests {
         out
     }
 
+    // ANCHOR: naive
     /// tiktoken's rule done the textbook O(n²) way: rescan every pair after
     /// each merge.
     fn encode_naively(ranks: &MergeableRanks, piece: &[u8]) -> Vec<u32> {
@@ -200,6 +212,7 @@ mod tests {
         }
         parts.iter().map(|part| ranks.by_bytes[part]).collect()
     }
+    // ANCHOR_END: naive
 
     #[test]
     fn lowest_rank_pair_merges_first() {

@@ -9,6 +9,7 @@
 //! (llama-models 0.3.0): twelve named tokens, then reserved ones numbered
 //! from 2 upwards until the id space is full.
 
+// ANCHOR: special_ids
 /// Number of ordinary (byte-pair) tokens in `tokenizer.model`.
 pub const NUM_BASE_TOKENS: usize = 128_000;
 /// Number of special tokens after the ordinary ones.
@@ -27,7 +28,9 @@ pub const EOT_ID: u32 = 128_009;
 
 /// Generation stops when the model emits any of these.
 pub const STOP_TOKENS: [u32; 3] = [END_OF_TEXT, EOM_ID, EOT_ID];
+// ANCHOR_END: special_ids
 
+// ANCHOR: special_names
 /// The special tokens that have names of their own, starting at id 128,000.
 const NAMED_SPECIAL_TOKENS: [&str; 12] = [
     "<|begin_of_text|>",
@@ -51,6 +54,7 @@ pub fn special_token_names() -> Vec<String> {
     let reserved = (0..num_reserved).map(|i| format!("<|reserved_special_token_{}|>", i + 2));
     NAMED_SPECIAL_TOKENS.iter().map(|name| name.to_string()).chain(reserved).collect()
 }
+// ANCHOR_END: special_names
 
 #[cfg(test)]
 mod tests {

@@ -4,6 +4,7 @@ use anyhow::Result;
 
 use super::Tokenizer;
 
+// ANCHOR: stream_decoder
 /// Turns a stream of token ids into text pieces that are safe to print.
 ///
 /// A character such as "😀" (4 UTF-8 bytes) may be split over several
@@ -19,12 +20,14 @@ pub struct StreamDecoder<'t> {
     /// Bytes received but not yet returned: the start of a character.
     pending: Vec<u8>,
 }
+// ANCHOR_END: stream_decoder
 
 impl<'t> StreamDecoder<'t> {
     pub fn new(tokenizer: &'t Tokenizer) -> Self {
         Self { tokenizer, pending: Vec::new() }
     }
 
+    // ANCHOR: stream_push
     /// Adds one token and returns the text that is now complete, which may
     /// be empty. Bytes that can never become valid UTF-8 are returned as
     /// U+FFFD right away, as [`Tokenizer::decode`] would.
@@ -35,14 +38,18 @@ impl<'t> StreamDecoder<'t> {
         self.pending.drain(..complete);
         Ok(text)
     }
+    // ANCHOR_END: stream_push
 
+    // ANCHOR: stream_finish
     /// Ends the stream, returning U+FFFD if it stopped in the middle of a
     /// character and an empty string otherwise.
     pub fn finish(self) -> String {
         String::from_utf8_lossy(&self.pending).into_owned()
     }
+    // ANCHOR_END: stream_finish
 }
 
+// ANCHOR: unfinished_char_len
 /// The number of bytes at the end of `bytes` that begin a character but do
 /// not finish it yet; 0 if `bytes` ends on a character boundary or with
 /// bytes that are invalid whatever follows.
@@ -60,6 +67,7 @@ fn unfinished_char_len(bytes: &[u8]) -> usize {
         }
     }
 }
+// ANCHOR_END: unfinished_char_len
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@
 //!    numbers, punctuation and whitespace. Merges never cross piece
 //!    boundaries either.
 
+// ANCHOR: pattern
 /// Meta's pre-tokenizer pattern, character for character. Its alternatives,
 /// tried in order at each position:
 ///
@@ -24,7 +25,9 @@
 ///   it (that lookahead is why we need `fancy-regex`);
 /// * `\s+`: any remaining whitespace.
 pub(crate) const PRETOKENIZER_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+// ANCHOR_END: pattern
 
+// ANCHOR: split_like_meta
 /// Meta encodes at most this many characters (not bytes) at a time.
 const MAX_CHUNK_CHARS: usize = 400_000;
 
@@ -40,6 +43,7 @@ pub(crate) fn split_like_meta(text: &str) -> Vec<&str> {
         .flat_map(|chunk| split_long_runs(chunk, MAX_RUN_CHARS))
         .collect()
 }
+// ANCHOR_END: split_like_meta
 
 fn split_every_n_chars(text: &str, n: usize) -> Vec<&str> {
     let mut cuts: Vec<usize> = text.char_indices().map(|(i, _)| i).step_by(n).collect();
@@ -47,6 +51,7 @@ fn split_every_n_chars(text: &str, n: usize) -> Vec<&str> {
     cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect()
 }
 
+// ANCHOR: split_long_runs
 /// Meta's `_split_whitespaces_or_nonwhitespaces`: walk the characters,
 /// counting the length of the current run of whitespace (or of
 /// non-whitespace); when a run reaches `max_run + 1` characters, cut before
@@ -57,6 +62,8 @@ fn split_every_n_chars(text: &str, n: usize) -> Vec<&str> {
 fn split_long_runs(text: &str, max_run: usize) -> Vec<&str> {
     let mut chunks = Vec::new();
     let mut chunk_start = 0;
+    // The first character continues a "run" of its own kind, so it counts as 1 in the
+    // `else` branch below.
     let mut run_len = 0;
     let mut run_is_space = text.chars().next().is_some_and(is_python_space);
     for (i, c) in text.char_indices() {
@@ -75,13 +82,16 @@ fn split_long_runs(text: &str, max_run: usize) -> Vec<&str> {
     chunks.push(&text[chunk_start..]);
     chunks
 }
+// ANCHOR_END: split_long_runs
 
+// ANCHOR: is_python_space
 /// Python's `str.isspace`, which Meta's splitting uses. It is Rust's
 /// Unicode whitespace plus the four ASCII separator controls U+001C..U+001F,
 /// which Python counts as whitespace and Unicode does not.
 fn is_python_space(c: char) -> bool {
     c.is_whitespace() || matches!(c, '\u{1c}'..='\u{1f}')
 }
+// ANCHOR_END: is_python_space
 
 #[cfg(test)]
 mod tests {
