@@ -67,9 +67,20 @@ pub fn run(args: Args) -> Result<()> {
             chapter_args.push(prompt.clone());
         }
         rows.extend(run_chapter(&name, &binary, &chapter_args)?);
+        // Attention must handle the whole context: chapter 6 is checked on a ~2,000-token prompt too.
+        if folder.starts_with("06") {
+            let last = chapter_args.len() - 1;
+            chapter_args[last] = "The quick brown fox jumps over the lazy dog. ".repeat(200);
+            let long = run_chapter(&name, &binary, &chapter_args)?;
+            rows.extend(long.into_iter().map(|row| Row { what: format!("{} [~2,010-token prompt]", row.what), ..row }));
+        }
+    }
+    if let Some(engine) = latest_generating_chapter(&args.bin_dir)? {
+        let prompts = [prompt.clone(), "Say hello.".to_string(), "Write a haiku about GPUs.".to_string()];
+        rows.extend(transformers_agreement(&engine, &model, args.tokenizer.as_deref(), &prompts)?);
     }
     print_table(&rows, &model, seed, &prompt, args.model.is_some());
-    let failed = rows.iter().filter(|r| r.verdict != "PASS" && r.verdict != "SKIPPED").count();
+    let failed = rows.iter().filter(|r| r.verdict == "FAIL").count();
     if failed > 0 {
         bail!("{failed} check(s) failed");
     }
@@ -126,6 +137,107 @@ fn synthetic_model(dir: &Path, seed: u64) -> Result<PathBuf> {
     write_checkpoint(SynthConfig::OneB, seed, dir)?;
     println!("gpu-check: written in {:.1} s", start.elapsed().as_secs_f64());
     Ok(dir.to_path_buf())
+}
+
+/// The binary of the last chapter present that generates text (chapter 7 on).
+fn latest_generating_chapter(bin_dir: &Path) -> Result<Option<PathBuf>> {
+    let generating = paths::chapters()?.into_iter().filter(|(folder, _)| folder.as_str() >= "07");
+    Ok(generating.map(|(folder, _)| bin_dir.join(paths::package_name(&folder))).rfind(|b| b.exists()))
+}
+
+/// Tokens generated per prompt, compared with the engine's.
+const AGREEMENT_TOKENS: usize = 32;
+
+/// Our greedy tokens against transformers' `generate()` on the GPU, in fp32 (must agree)
+/// and bf16 (reported), for the same prompt ids. Skipped, and said so, without torch.
+fn transformers_agreement(
+    engine: &Path,
+    model: &Path,
+    tokenizer: Option<&Path>,
+    prompts: &[String],
+) -> Result<Vec<Row>> {
+    let name = engine.file_name().unwrap().to_string_lossy().into_owned();
+    let torch = Command::new("python3").args(["-c", "import torch, transformers"]).output();
+    if !torch.is_ok_and(|o| o.status.success()) {
+        return Ok(vec![Row::note(
+            &name,
+            "agreement with transformers: python3 with torch + transformers not found",
+            "SKIPPED",
+        )]);
+    }
+    let tokenizer_args: Vec<String> =
+        tokenizer.map(|t| vec!["--tokenizer".to_string(), t.display().to_string()]).unwrap_or_default();
+    let mut prompt_ids = Vec::new();
+    let mut ours = Vec::new();
+    for prompt in prompts {
+        let ids = capture(Command::new(engine).args(&tokenizer_args).args(["chat", prompt]))?;
+        prompt_ids.push(ids.trim().to_string());
+        let run = capture(
+            Command::new(engine)
+                .arg("--model")
+                .arg(model)
+                .args(&tokenizer_args)
+                .arg(prompt)
+                .arg(AGREEMENT_TOKENS.to_string()),
+        )?;
+        let generated = run.lines().find_map(|line| line.strip_prefix("generated ids: ")).unwrap_or_default();
+        ours.push(parse_ids(generated)?);
+    }
+    let script = paths::root().join("shared/reference/python/hf_greedy.py");
+    let mut python = Command::new("python3");
+    python.arg(&script).arg("--model").arg(model).args(["--max-new-tokens", &AGREEMENT_TOKENS.to_string()]);
+    for ids in &prompt_ids {
+        python.args(["--prompt-ids", ids]);
+    }
+    let hf = capture(python.args(["--dtypes", "fp32", "bf16"]))?;
+    let mut rows = Vec::new();
+    for line in hf.lines().filter(|l| l.starts_with('{')) {
+        let json: serde_json::Value = serde_json::from_str(line)?;
+        let index = json["prompt"].as_u64().context("hf_greedy.py output has no prompt index")? as usize;
+        let dtype = json["dtype"].as_str().unwrap_or("?").to_string();
+        let theirs: Vec<u32> = json["greedy_ids"]
+            .as_array()
+            .context("hf_greedy.py output has no greedy_ids")?
+            .iter()
+            .filter_map(|v| v.as_u64().map(|v| v as u32))
+            .collect();
+        let differing =
+            ours[index].iter().zip(&theirs).filter(|(a, b)| a != b).count() + ours[index].len().abs_diff(theirs.len());
+        // fp32 is the ground truth we must match; bf16 transformers rounds differently from us.
+        let verdict = match (differing, dtype.as_str()) {
+            (0, _) => "PASS",
+            (_, "float32") => "FAIL",
+            _ => "DIFFERS (not required)",
+        };
+        rows.push(Row {
+            chapter: name.clone(),
+            what: format!(
+                "greedy ids vs transformers {dtype} generate(), prompt {:?} ({} tokens)",
+                prompts[index],
+                theirs.len()
+            ),
+            max_abs: differing.to_string(),
+            relative: format!("{differing} (limit 0, differing ids)"),
+            verdict: verdict.to_string(),
+        });
+    }
+    if rows.is_empty() {
+        bail!("hf_greedy.py printed no results:\n{hf}");
+    }
+    Ok(rows)
+}
+
+/// Runs a command, returning its standard output; a failure is an error with its stderr.
+fn capture(command: &mut Command) -> Result<String> {
+    let output = command.output().with_context(|| format!("cannot run {command:?}"))?;
+    if !output.status.success() {
+        bail!("{command:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+fn parse_ids(text: &str) -> Result<Vec<u32>> {
+    text.split_whitespace().map(|id| id.parse().with_context(|| format!("{id:?} is not a token id"))).collect()
 }
 
 /// Runs one chapter's `--check` and turns its `check:` lines into rows.

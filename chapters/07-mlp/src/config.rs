@@ -1,0 +1,119 @@
+//! `config.json`: the model's shape, as Hugging Face publishes it next to the weights.
+
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+use serde::Deserialize;
+
+// ANCHOR: config
+/// The numbers that fix every tensor's shape, plus the constants later chapters need.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Config {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    /// Absent from some configs, where it is `hidden_size / num_attention_heads`.
+    #[serde(default)]
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub max_position_embeddings: usize,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Published files write `rope_theta` and `rope_scaling`; transformers 5 saves both
+    /// inside `rope_parameters`. [`Config::from_file`] folds the second form into the first.
+    pub rope_theta: Option<f64>,
+    #[serde(alias = "rope_parameters")]
+    pub rope_scaling: Option<RopeScaling>,
+}
+
+/// Llama 3's RoPE frequency scaling (`"rope_type": "llama3"`), explained in chapter 5.
+/// The numbers are absent (zero here) when `rope_type` is `"default"`: no scaling.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RopeScaling {
+    pub rope_type: String,
+    pub rope_theta: Option<f64>,
+    #[serde(default)]
+    pub factor: f64,
+    #[serde(default)]
+    pub low_freq_factor: f64,
+    #[serde(default)]
+    pub high_freq_factor: f64,
+    #[serde(default)]
+    pub original_max_position_embeddings: usize,
+}
+// ANCHOR_END: config
+
+impl Config {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let mut config: Config =
+            serde_json::from_str(&text).with_context(|| format!("{} is not a valid Llama config", path.display()))?;
+        if config.head_dim == 0 && config.num_attention_heads > 0 {
+            config.head_dim = config.hidden_size / config.num_attention_heads;
+        }
+        if config.rope_theta.is_none() {
+            config.rope_theta = config.rope_scaling.as_ref().and_then(|s| s.rope_theta);
+        }
+        if config.rope_scaling.as_ref().is_some_and(|s| s.rope_type == "default") {
+            config.rope_scaling = None;
+        }
+        config.validate().with_context(|| format!("{} is not a usable Llama config", path.display()))?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<()> {
+        ensure!(self.num_hidden_layers > 0 && self.hidden_size > 0, "the model has no layers or no width");
+        ensure!(
+            self.num_key_value_heads > 0 && self.num_attention_heads.is_multiple_of(self.num_key_value_heads),
+            "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+            self.num_attention_heads,
+            self.num_key_value_heads
+        );
+        ensure!(self.rope_theta.is_some(), "rope_theta is missing");
+        if let Some(scaling) = &self.rope_scaling {
+            if scaling.rope_type != "llama3" {
+                bail!("unsupported rope_type {:?}: this engine implements \"llama3\"", scaling.rope_type);
+            }
+            ensure!(
+                scaling.factor >= 1.0 && scaling.high_freq_factor > scaling.low_freq_factor,
+                "rope_type llama3 needs factor >= 1 and high_freq_factor > low_freq_factor"
+            );
+        }
+        Ok(())
+    }
+
+    /// One line describing the model, for the run's header.
+    pub fn summary(&self) -> String {
+        format!(
+            "hidden {}, {} layers, {} query heads / {} KV heads of {}, FFN {}, vocab {}, {} embeddings",
+            self.hidden_size,
+            self.num_hidden_layers,
+            self.num_attention_heads,
+            self.num_key_value_heads,
+            self.head_dim,
+            self.intermediate_size,
+            self.vocab_size,
+            if self.tie_word_embeddings { "tied" } else { "untied" }
+        )
+    }
+
+    /// One line with the constants later chapters use.
+    pub fn constants(&self) -> String {
+        let rope = match &self.rope_scaling {
+            Some(s) => format!(
+                "llama3 scaling (factor {}, low {}, high {}, original context {})",
+                s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings
+            ),
+            None => "no scaling".to_string(),
+        };
+        format!(
+            "rope_theta {} with {rope}, rms_norm_eps {:e}, max positions {}",
+            self.rope_theta.unwrap_or_default(),
+            self.rms_norm_eps,
+            self.max_position_embeddings
+        )
+    }
+}

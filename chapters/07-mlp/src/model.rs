@@ -1,0 +1,79 @@
+//! The whole model: the embedding, 16 decoder layers, the final norm and the LM head.
+//!
+//! Each decoder layer is two sublayers that add to the residual stream `x`:
+//!
+//! ```text
+//! x += o_proj(attention(rope(q), rope(k), v))   with q, k, v projected from rms_norm(x)
+//! x += down_proj(silu(gate_proj(h)) * up_proj(h))   with h = rms_norm(x)
+//! ```
+
+use anyhow::Result;
+use cudarc::driver::{CudaSlice, CudaView};
+use half::bf16;
+
+use crate::config::Config;
+use crate::gpu::Gpu;
+use crate::ops;
+use crate::weights::{LayerWeights, Weights};
+
+/// What one forward pass leaves behind.
+pub struct Forward {
+    /// The final hidden states `[tokens, hidden]`, after the last norm.
+    pub hidden: CudaSlice<bf16>,
+    /// The logits of the last position `[vocab]`, fp32.
+    pub logits: CudaSlice<f32>,
+}
+
+// ANCHOR: forward
+/// Runs the prompt `ids` (positions 0, 1, …) through the whole model.
+pub fn forward(
+    gpu: &Gpu,
+    weights: &Weights,
+    config: &Config,
+    inv_freq: &CudaSlice<f32>,
+    ids: &[u32],
+) -> Result<Forward> {
+    let positions: Vec<u32> = (0..ids.len() as u32).collect();
+    let positions = gpu.stream.clone_htod(&positions)?;
+    let mut x = ops::embed(gpu, weights, config, ids)?;
+    for layer in &weights.layers {
+        decoder_layer(gpu, layer, config, inv_freq, &positions, &mut x)?;
+    }
+    let hidden = ops::rms_norm(gpu, &x, &weights.norm, config)?;
+    let last_row: CudaView<bf16> = hidden.slice((ids.len() - 1) * config.hidden_size..);
+    let lm_head = weights.lm_head.as_ref().unwrap_or(&weights.embed_tokens);
+    let logits = ops::lm_head(gpu, &last_row, lm_head, config)?;
+    Ok(Forward { hidden, logits })
+}
+// ANCHOR_END: forward
+
+// ANCHOR: decoder_layer
+/// One decoder layer, updating the residual stream `x` `[tokens, hidden]` in place.
+fn decoder_layer(
+    gpu: &Gpu,
+    layer: &LayerWeights,
+    config: &Config,
+    inv_freq: &CudaSlice<f32>,
+    positions: &CudaSlice<u32>,
+    x: &mut CudaSlice<bf16>,
+) -> Result<()> {
+    let hidden = config.hidden_size;
+    // Attention sublayer (chapters 4–6).
+    let normed = ops::rms_norm(gpu, x, &layer.input_layernorm, config)?;
+    let mut q = ops::linear(gpu, &normed, &layer.q_proj, hidden)?;
+    let mut k = ops::linear(gpu, &normed, &layer.k_proj, hidden)?;
+    let v = ops::linear(gpu, &normed, &layer.v_proj, hidden)?;
+    ops::rope(gpu, &mut q, positions, inv_freq, config.num_attention_heads, config)?;
+    ops::rope(gpu, &mut k, positions, inv_freq, config.num_key_value_heads, config)?;
+    let attended = ops::attention_prefill(gpu, &q, &k, &v, config)?;
+    ops::linear_add(gpu, &attended, &layer.o_proj, config.num_attention_heads * config.head_dim, x)?;
+
+    // MLP sublayer: widen to 8,192 twice, gate one with the other, narrow back.
+    let normed = ops::rms_norm(gpu, x, &layer.post_attention_layernorm, config)?;
+    let gate = ops::linear(gpu, &normed, &layer.gate_proj, hidden)?;
+    let up = ops::linear(gpu, &normed, &layer.up_proj, hidden)?;
+    let activation = ops::swiglu(gpu, &gate, &up)?;
+    ops::linear_add(gpu, &activation, &layer.down_proj, config.intermediate_size, x)?;
+    Ok(())
+}
+// ANCHOR_END: decoder_layer
