@@ -166,9 +166,11 @@ fn run(cli: Cli) -> Result<()> {
     show_rows("embedding rows, gathered on the GPU", &tokenizer, &ids, &rows, config.hidden_size)?;
     if cli.check {
         let reference = llama_reference::Model::load(&cli.model).context("loading the CPU reference model")?;
+        let mut checks = check::Checks::default();
         let expected = reference.embed(&ids)?;
         let what = format!("embedding rows of {} prompt tokens ({} values)", ids.len(), rows.len());
-        check::compare(&what, &rows, &expected.data, 0.0)?;
+        checks.compare(&what, &rows, &expected.data, 0.0);
+        checks.finish()?;
     }
     // ANCHOR_END: gpu_work
     Ok(())

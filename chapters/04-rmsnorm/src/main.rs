@@ -24,6 +24,7 @@ use cudarc::driver::CudaContext;
 use checkpoint::Checkpoint;
 use config::Config;
 use gpu::Gpu;
+use llama_reference::Matrix;
 use tokenizer::{STOP_TOKENS, StreamDecoder, Tokenizer};
 use weights::Weights;
 
@@ -167,12 +168,18 @@ fn run(cli: Cli) -> Result<()> {
     show_rows("layer 0 input_layernorm, on the GPU", &tokenizer, &ids, &normed_rows, config.hidden_size)?;
     if cli.check {
         let reference = llama_reference::Model::load(&cli.model).context("loading the CPU reference model")?;
+        let mut checks = check::Checks::default();
         let expected = reference.embed(&ids)?;
         let what = format!("embedding rows of {} prompt tokens ({} values)", ids.len(), rows.len());
-        check::compare(&what, &rows, &expected.data, 0.0)?;
-        let layer = &reference.layers[0];
-        let expected_normed = llama_reference::model::rms_norm(&expected, &layer.input_layernorm, config.rms_norm_eps);
-        check::compare("layer 0 input_layernorm of those rows", &normed_rows, &expected_normed.data, 1e-2)?;
+        checks.compare(&what, &rows, &expected.data, 0.0);
+        // From here on each step is checked on the GPU's own input, so that its line
+        // measures that step alone.
+        let reference_layer = &reference.layers[0];
+        let embedded = Matrix::from_vec(ids.len(), config.hidden_size, rows.clone());
+        let expected_normed =
+            llama_reference::model::rms_norm(&embedded, &reference_layer.input_layernorm, config.rms_norm_eps);
+        checks.compare("layer 0 input_layernorm", &normed_rows, &expected_normed.data, 1e-2);
+        checks.finish()?;
     }
     // ANCHOR_END: gpu_work
     Ok(())

@@ -26,6 +26,7 @@ use cudarc::driver::CudaContext;
 use checkpoint::Checkpoint;
 use config::Config;
 use gpu::Gpu;
+use llama_reference::Matrix;
 use tokenizer::{STOP_TOKENS, StreamDecoder, Tokenizer};
 use weights::Weights;
 
@@ -189,19 +190,25 @@ fn run(cli: Cli) -> Result<()> {
     show_rotation(&q_before_rope, &q_rows, &config);
     if cli.check {
         let reference = llama_reference::Model::load(&cli.model).context("loading the CPU reference model")?;
+        let mut checks = check::Checks::default();
         let expected = reference.embed(&ids)?;
         let what = format!("embedding rows of {} prompt tokens ({} values)", ids.len(), rows.len());
-        check::compare(&what, &rows, &expected.data, 0.0)?;
+        checks.compare(&what, &rows, &expected.data, 0.0);
+        // From here on each step is checked on the GPU's own input, so that its line
+        // measures that step alone.
         let reference_layer = &reference.layers[0];
+        let embedded = Matrix::from_vec(ids.len(), config.hidden_size, rows.clone());
         let expected_normed =
-            llama_reference::model::rms_norm(&expected, &reference_layer.input_layernorm, config.rms_norm_eps);
-        check::compare("layer 0 input_layernorm of those rows", &normed_rows, &expected_normed.data, 1e-2)?;
+            llama_reference::model::rms_norm(&embedded, &reference_layer.input_layernorm, config.rms_norm_eps);
+        checks.compare("layer 0 input_layernorm", &normed_rows, &expected_normed.data, 1e-2);
         let positions: Vec<usize> = (0..ids.len()).collect();
+        let normed_on_gpu = Matrix::from_vec(ids.len(), config.hidden_size, normed_rows.clone());
         let (q_ref, k_ref, v_ref) =
-            reference_layer.project_qkv(&reference.config, &reference.inv_freq, &expected_normed, &positions);
-        check::compare("layer 0 q after RoPE", &q_rows, &q_ref.data, 1e-2)?;
-        check::compare("layer 0 k after RoPE", &k_rows, &k_ref.data, 1e-2)?;
-        check::compare("layer 0 v", &v_rows, &v_ref.data, 1e-2)?;
+            reference_layer.project_qkv(&reference.config, &reference.inv_freq, &normed_on_gpu, &positions);
+        checks.compare("layer 0 q after RoPE", &q_rows, &q_ref.data, 1e-2);
+        checks.compare("layer 0 k after RoPE", &k_rows, &k_ref.data, 1e-2);
+        checks.compare("layer 0 v", &v_rows, &v_ref.data, 1e-2);
+        checks.finish()?;
     }
     // ANCHOR_END: gpu_work
     Ok(())

@@ -26,7 +26,7 @@ use cudarc::driver::CudaContext;
 use checkpoint::Checkpoint;
 use config::Config;
 use gpu::Gpu;
-use llama_reference::LayerCache;
+use llama_reference::{LayerCache, Matrix};
 use tokenizer::{STOP_TOKENS, StreamDecoder, Tokenizer};
 use weights::Weights;
 
@@ -208,30 +208,39 @@ fn run(cli: Cli) -> Result<()> {
     show_attention_update(&tokenizer, &ids, &rows, &output_rows, config.hidden_size)?;
     if cli.check {
         let reference = llama_reference::Model::load(&cli.model).context("loading the CPU reference model")?;
+        let mut checks = check::Checks::default();
         let expected = reference.embed(&ids)?;
         let what = format!("embedding rows of {} prompt tokens ({} values)", ids.len(), rows.len());
-        check::compare(&what, &rows, &expected.data, 0.0)?;
+        checks.compare(&what, &rows, &expected.data, 0.0);
+        // From here on each step is checked on the GPU's own input, so that its line
+        // measures that step alone.
         let reference_layer = &reference.layers[0];
+        let embedded = Matrix::from_vec(ids.len(), config.hidden_size, rows.clone());
         let expected_normed =
-            llama_reference::model::rms_norm(&expected, &reference_layer.input_layernorm, config.rms_norm_eps);
-        check::compare("layer 0 input_layernorm of those rows", &normed_rows, &expected_normed.data, 1e-2)?;
+            llama_reference::model::rms_norm(&embedded, &reference_layer.input_layernorm, config.rms_norm_eps);
+        checks.compare("layer 0 input_layernorm", &normed_rows, &expected_normed.data, 1e-2);
         let positions: Vec<usize> = (0..ids.len()).collect();
+        let normed_on_gpu = Matrix::from_vec(ids.len(), config.hidden_size, normed_rows.clone());
         let (q_ref, k_ref, v_ref) =
-            reference_layer.project_qkv(&reference.config, &reference.inv_freq, &expected_normed, &positions);
-        check::compare("layer 0 q after RoPE", &q_rows, &q_ref.data, 1e-2)?;
-        check::compare("layer 0 k after RoPE", &k_rows, &k_ref.data, 1e-2)?;
-        check::compare("layer 0 v", &v_rows, &v_ref.data, 1e-2)?;
-        let cache = LayerCache { keys: k_ref.data, values: v_ref.data };
-        let attended_ref = llama_reference::model::causal_attention(&reference.config, &q_ref, &positions, &cache);
-        check::compare("layer 0 attention (before o_proj)", &attended_rows, &attended_ref.data, 1e-2)?;
-        let sublayer_ref = reference_layer.attention_block(
-            &reference.config,
-            &reference.inv_freq,
-            &expected,
-            &positions,
-            &mut LayerCache::default(),
-        );
-        check::compare("layer 0 attention sublayer output (x + o_proj)", &output_rows, &sublayer_ref.data, 1e-2)?;
+            reference_layer.project_qkv(&reference.config, &reference.inv_freq, &normed_on_gpu, &positions);
+        checks.compare("layer 0 q after RoPE", &q_rows, &q_ref.data, 1e-2);
+        checks.compare("layer 0 k after RoPE", &k_rows, &k_ref.data, 1e-2);
+        checks.compare("layer 0 v", &v_rows, &v_ref.data, 1e-2);
+        let q_dim = config.num_attention_heads * config.head_dim;
+        let q_on_gpu = Matrix::from_vec(ids.len(), q_dim, q_rows.clone());
+        let kv_on_gpu = LayerCache { keys: k_rows.clone(), values: v_rows.clone() };
+        let attended_ref =
+            llama_reference::model::causal_attention(&reference.config, &q_on_gpu, &positions, &kv_on_gpu);
+        checks.compare("layer 0 attention (before o_proj)", &attended_rows, &attended_ref.data, 1e-2);
+        let attended_on_gpu = Matrix::from_vec(ids.len(), q_dim, attended_rows.clone());
+        let output_ref = embedded.add(&llama_reference::tensor::linear(&attended_on_gpu, &reference_layer.o_proj));
+        checks.compare("layer 0 o_proj + residual", &output_rows, &output_ref.data, 1e-2);
+        // And the whole sublayer from the embeddings, the rounding of every step included.
+        let mut cache = LayerCache::default();
+        let sublayer_ref =
+            reference_layer.attention_block(&reference.config, &reference.inv_freq, &embedded, &positions, &mut cache);
+        checks.compare("layer 0 attention sublayer, all from the embeddings", &output_rows, &sublayer_ref.data, 1e-2);
+        checks.finish()?;
     }
     Ok(())
 }

@@ -1,50 +1,89 @@
 //! Comparing what the GPU computed with the CPU reference (`llama-reference`).
 //!
 //! Every `--check` prints one line per comparison, in a form `cargo x gpu-check` reads:
-//! `check: WHAT: max abs error A, relative error R (limit L): PASS`.
+//! `check: WHAT: max abs error A, relative error R (limit L): PASS`. All comparisons run
+//! and print before the program fails, so one run shows every result.
 
 use anyhow::{Result, bail};
 use half::bf16;
 
-// ANCHOR: compare
-/// How far `gpu` is from `reference`: the largest absolute difference, and that
-/// difference relative to the largest reference magnitude. A NaN anywhere fails.
-pub fn compare(what: &str, gpu: &[f32], reference: &[f32], limit: f32) -> Result<()> {
-    if gpu.len() != reference.len() {
-        bail!("{what}: the GPU produced {} values, the reference {}", gpu.len(), reference.len());
-    }
+// ANCHOR: measure
+/// How far a GPU result is from the reference.
+pub struct Error {
+    /// The largest absolute difference.
+    pub max_abs: f32,
+    /// `max_abs` divided by the largest reference magnitude.
+    pub relative: f32,
+    pub nan_count: usize,
+}
+
+pub fn measure(gpu: &[f32], reference: &[f32]) -> Error {
     let nan_count = gpu.iter().filter(|v| v.is_nan()).count();
     let max_abs = gpu.iter().zip(reference).map(|(g, r)| (g - r).abs()).fold(0.0f32, f32::max);
     let scale = reference.iter().fold(0.0f32, |m, r| m.max(r.abs()));
     let relative = if scale > 0.0 { max_abs / scale } else { max_abs };
-    let pass = nan_count == 0 && relative <= limit;
-    println!(
-        "check: {what}: max abs error {max_abs:.3e}, relative error {relative:.3e} (limit {limit:.0e}){}: {}",
-        if nan_count > 0 { format!(", {nan_count} NaN") } else { String::new() },
-        if pass { "PASS" } else { "FAIL" }
-    );
-    if !pass {
-        bail!("{what} does not match the reference");
-    }
-    Ok(())
+    Error { max_abs, relative, nan_count }
 }
-// ANCHOR_END: compare
+// ANCHOR_END: measure
 
-// ANCHOR: compare_tokens
-/// Token ids must be equal: the "error" is the number of positions that differ.
-pub fn compare_tokens(what: &str, gpu: &[u32], reference: &[u32]) -> Result<()> {
-    let differing = gpu.iter().zip(reference).filter(|(g, r)| g != r).count() + gpu.len().abs_diff(reference.len());
-    let pass = differing == 0;
-    println!(
-        "check: {what}: max abs error {differing}, relative error {differing} (limit 0, differing ids): {}",
-        if pass { "PASS" } else { "FAIL" }
-    );
-    if !pass {
-        bail!("{what} differ: GPU {gpu:?}, reference {reference:?}");
-    }
-    Ok(())
+// ANCHOR: checks
+/// The comparisons of one `--check` run.
+#[derive(Default)]
+pub struct Checks {
+    failed: Vec<String>,
 }
-// ANCHOR_END: compare_tokens
+
+impl Checks {
+    /// Compares a GPU result with the reference: it passes when the relative error is
+    /// within `limit` and there is no NaN.
+    pub fn compare(&mut self, what: &str, gpu: &[f32], reference: &[f32], limit: f32) {
+        if gpu.len() != reference.len() {
+            println!("check: {what}: the GPU produced {} values, the reference {}: FAIL", gpu.len(), reference.len());
+            self.failed.push(what.to_string());
+            return;
+        }
+        self.record(what, measure(gpu, reference), limit);
+    }
+
+    /// Prints one check line for an already measured error.
+    pub fn record(&mut self, what: &str, error: Error, limit: f32) {
+        let pass = error.nan_count == 0 && error.relative <= limit;
+        let nans = if error.nan_count > 0 { format!(", {} NaN", error.nan_count) } else { String::new() };
+        println!(
+            "check: {what}: max abs error {:.3e}, relative error {:.3e} (limit {limit:.0e}){nans}: {}",
+            error.max_abs,
+            error.relative,
+            if pass { "PASS" } else { "FAIL" }
+        );
+        if !pass {
+            self.failed.push(what.to_string());
+        }
+    }
+
+    // ANCHOR: compare_tokens
+    /// Token ids must be equal: the "error" is the number of positions that differ.
+    pub fn compare_tokens(&mut self, what: &str, gpu: &[u32], reference: &[u32]) {
+        let differing = gpu.iter().zip(reference).filter(|(g, r)| g != r).count() + gpu.len().abs_diff(reference.len());
+        let verdict = if differing == 0 { "PASS" } else { "FAIL" };
+        println!(
+            "check: {what}: max abs error {differing}, relative error {differing} (limit 0, differing ids): {verdict}"
+        );
+        if differing > 0 {
+            println!("       GPU {gpu:?}\n       reference {reference:?}");
+            self.failed.push(what.to_string());
+        }
+    }
+    // ANCHOR_END: compare_tokens
+
+    /// Fails if any comparison failed.
+    pub fn finish(self) -> Result<()> {
+        if !self.failed.is_empty() {
+            bail!("{} check(s) failed: {}", self.failed.len(), self.failed.join("; "));
+        }
+        Ok(())
+    }
+}
+// ANCHOR_END: checks
 
 /// bf16 values as f32, for comparing.
 pub fn to_f32(values: &[bf16]) -> Vec<f32> {

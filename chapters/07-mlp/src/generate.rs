@@ -55,8 +55,8 @@ pub fn generate(
         if sequence.len() == MAX_CONTEXT {
             break Stop::Context;
         }
-        let forward = model::forward(gpu, weights, config, inv_freq, &sequence)?;
-        let next = ops::argmax(gpu, &forward.logits, config.vocab_size)?;
+        let logits = model::forward(gpu, weights, config, inv_freq, &sequence)?;
+        let next = ops::argmax(gpu, &logits, config.vocab_size)?;
         let next = gpu.stream.clone_dtoh(&next)?[0]; // waits for the GPU
         ensure!((next as usize) < config.vocab_size, "no largest logit: the logits are NaN");
         tokens.push(next);

@@ -27,9 +27,10 @@ use cudarc::driver::CudaContext;
 
 use checkpoint::Checkpoint;
 use config::Config;
+use cudarc::driver::CudaSlice;
 use generate::{Generation, Stop};
 use gpu::Gpu;
-use llama_reference::KvCache;
+use llama_reference::{LayerCache, Matrix};
 use tokenizer::{STOP_TOKENS, StreamDecoder, Tokenizer};
 use weights::Weights;
 
@@ -221,29 +222,51 @@ fn print_summary(generation: &Generation, prompt_tokens: usize) {
 // ANCHOR_END: summary
 
 // ANCHOR: check_against_reference
-/// Compares the final hidden states and logits of the prompt, and the first greedy tokens,
-/// with the CPU reference.
+/// Checks every decoder layer on the GPU's own input to it, then, from the tokens, the
+/// logits of the prompt's last position and the first greedy tokens.
 fn check_against_reference(
     model_dir: &Path,
     gpu: &Gpu,
     weights: &Weights,
     config: &Config,
-    inv_freq: &cudarc::driver::CudaSlice<f32>,
+    inv_freq: &CudaSlice<f32>,
     ids: &[u32],
     generation: &Generation,
 ) -> Result<()> {
     let reference = llama_reference::Model::load(model_dir).context("loading the CPU reference model")?;
-    let forward = model::forward(gpu, weights, config, inv_freq, ids)?;
-    let hidden = check::to_f32(&gpu.stream.clone_dtoh(&forward.hidden)?);
-    let logits = gpu.stream.clone_dtoh(&forward.logits)?;
-    let expected_hidden = reference.forward(ids, &mut KvCache::new(&reference.config))?;
-    check::compare("final hidden states of the prompt (after the last norm)", &hidden, &expected_hidden.data, 1e-2)?;
-    let last = ids.len() - 1;
-    let expected_logits = reference.logits(&expected_hidden.rows_slice(last, last + 1));
-    check::compare("logits of the prompt's last position", &logits, &expected_logits.data, 1e-2)?;
+    let mut checks = check::Checks::default();
+
+    // Layer by layer: the reference runs each layer on exactly what the GPU's layer got,
+    // so each measurement is that layer's own error, not the drift of the ones before.
+    let positions: Vec<usize> = (0..ids.len()).collect();
+    let positions_on_gpu = gpu.stream.clone_htod(&positions.iter().map(|&p| p as u32).collect::<Vec<u32>>())?;
+    let mut x = ops::embed(gpu, weights, config, ids)?;
+    let mut worst: Option<(usize, check::Error)> = None;
+    for (index, (layer, reference_layer)) in weights.layers.iter().zip(&reference.layers).enumerate() {
+        let input = Matrix::from_vec(ids.len(), config.hidden_size, check::to_f32(&gpu.stream.clone_dtoh(&x)?));
+        model::decoder_layer(gpu, layer, config, inv_freq, &positions_on_gpu, &mut x)?;
+        let output = check::to_f32(&gpu.stream.clone_dtoh(&x)?);
+        let mut cache = LayerCache::default();
+        let expected = reference_layer.forward(&reference.config, &reference.inv_freq, &input, &positions, &mut cache);
+        let error = check::measure(&output, &expected.data);
+        if worst.as_ref().is_none_or(|(_, w)| error.relative > w.relative || error.nan_count > 0) {
+            worst = Some((index, error));
+        }
+    }
+    if let Some((index, error)) = worst {
+        let what =
+            format!("each of the {} decoder layers on its GPU input (worst: layer {index})", weights.layers.len());
+        checks.record(&what, error, 1e-2);
+    }
+
+    // From the tokens, as a user sees it: the bf16 rounding of all layers included.
+    let logits = gpu.stream.clone_dtoh(&model::forward(gpu, weights, config, inv_freq, ids)?)?;
+    let expected_logits = reference.last_logits(ids)?;
+    checks.compare("logits of the prompt's last position, all from the tokens", &logits, &expected_logits, 1e-2);
     let compared = generation.tokens.len().min(8);
     let expected_tokens = reference.greedy(ids, compared, &STOP_TOKENS)?;
-    check::compare_tokens(&format!("first {compared} greedy tokens"), &generation.tokens[..compared], &expected_tokens)
+    checks.compare_tokens(&format!("first {compared} greedy tokens"), &generation.tokens[..compared], &expected_tokens);
+    checks.finish()
 }
 // ANCHOR_END: check_against_reference
 

@@ -16,23 +16,16 @@ use crate::gpu::Gpu;
 use crate::ops;
 use crate::weights::{LayerWeights, Weights};
 
-/// What one forward pass leaves behind.
-pub struct Forward {
-    /// The final hidden states `[tokens, hidden]`, after the last norm.
-    pub hidden: CudaSlice<bf16>,
-    /// The logits of the last position `[vocab]`, fp32.
-    pub logits: CudaSlice<f32>,
-}
-
 // ANCHOR: forward
-/// Runs the prompt `ids` (positions 0, 1, …) through the whole model.
+/// Runs the sequence `ids` (positions 0, 1, …) through the whole model and returns the
+/// fp32 logits of its last position `[vocab]`: the scores of every possible next token.
 pub fn forward(
     gpu: &Gpu,
     weights: &Weights,
     config: &Config,
     inv_freq: &CudaSlice<f32>,
     ids: &[u32],
-) -> Result<Forward> {
+) -> Result<CudaSlice<f32>> {
     let positions: Vec<u32> = (0..ids.len() as u32).collect();
     let positions = gpu.stream.clone_htod(&positions)?;
     let mut x = ops::embed(gpu, weights, config, ids)?;
@@ -42,14 +35,13 @@ pub fn forward(
     let hidden = ops::rms_norm(gpu, &x, &weights.norm, config)?;
     let last_row: CudaView<bf16> = hidden.slice((ids.len() - 1) * config.hidden_size..);
     let lm_head = weights.lm_head.as_ref().unwrap_or(&weights.embed_tokens);
-    let logits = ops::lm_head(gpu, &last_row, lm_head, config)?;
-    Ok(Forward { hidden, logits })
+    ops::lm_head(gpu, &last_row, lm_head, config)
 }
 // ANCHOR_END: forward
 
 // ANCHOR: decoder_layer
 /// One decoder layer, updating the residual stream `x` `[tokens, hidden]` in place.
-fn decoder_layer(
+pub fn decoder_layer(
     gpu: &Gpu,
     layer: &LayerWeights,
     config: &Config,
