@@ -165,6 +165,7 @@ fn run(cli: Cli) -> Result<()> {
         show_prompt(&tokenizer, cli.system.as_deref(), prompt)?;
     }
 
+    // ANCHOR: gpu_work
     let start = Instant::now();
     let gpu = Gpu::new(&ctx, stream.clone())?;
     println!("kernels compiled by NVRTC for {} in {:.0} ms", gpu.arch, start.elapsed().as_secs_f64() * 1e3);
@@ -242,6 +243,7 @@ fn run(cli: Cli) -> Result<()> {
         checks.compare("layer 0 attention sublayer, all from the embeddings", &output_rows, &sublayer_ref.data, 1e-2);
         checks.finish()?;
     }
+    // ANCHOR_END: gpu_work
     Ok(())
 }
 // ANCHOR_END: run
@@ -404,6 +406,7 @@ fn tokenizer_file(given: Option<&Path>, model_dir: &Path) -> Result<PathBuf> {
 }
 // ANCHOR_END: tokenizer_file
 
+// ANCHOR: open_gpu
 /// Opens GPU 0. cudarc loads the driver library at run time, so we check it is there
 /// first: a machine without one gets an error message rather than a panic.
 fn open_gpu() -> Result<Arc<CudaContext>> {
@@ -414,6 +417,7 @@ fn open_gpu() -> Result<Arc<CudaContext>> {
     }
     CudaContext::new(0).context("cannot open GPU 0")
 }
+// ANCHOR_END: open_gpu
 
 /// `DIR/model.safetensors`, with an error that says what to do when it is missing.
 fn model_file(model_dir: &Path) -> Result<PathBuf> {

@@ -172,6 +172,7 @@ fn run(cli: Cli) -> Result<()> {
         show_prompt(&tokenizer, cli.system.as_deref(), prompt)?;
     }
 
+    // ANCHOR: gpu_work
     let start = Instant::now();
     let gpu = Gpu::new(&ctx, stream.clone())?;
     println!("kernels compiled by NVRTC for {} in {:.0} ms", gpu.arch, start.elapsed().as_secs_f64() * 1e3);
@@ -196,6 +197,7 @@ fn run(cli: Cli) -> Result<()> {
     if cli.check {
         check_against_reference(&cli.model, &gpu, &weights, &config, &inv_freq, &ids, &generation)?;
     }
+    // ANCHOR_END: gpu_work
     Ok(())
 }
 // ANCHOR_END: run
@@ -370,6 +372,7 @@ fn tokenizer_file(given: Option<&Path>, model_dir: &Path) -> Result<PathBuf> {
 }
 // ANCHOR_END: tokenizer_file
 
+// ANCHOR: open_gpu
 /// Opens GPU 0. cudarc loads the driver library at run time, so we check it is there
 /// first: a machine without one gets an error message rather than a panic.
 fn open_gpu() -> Result<Arc<CudaContext>> {
@@ -380,6 +383,7 @@ fn open_gpu() -> Result<Arc<CudaContext>> {
     }
     CudaContext::new(0).context("cannot open GPU 0")
 }
+// ANCHOR_END: open_gpu
 
 /// `DIR/model.safetensors`, with an error that says what to do when it is missing.
 fn model_file(model_dir: &Path) -> Result<PathBuf> {
