@@ -43,8 +43,9 @@ impl Gpu {
     // ANCHOR_END: gpu_new
 
     // ANCHOR: alloc_nan
-    /// A new buffer with every element NaN (all bits set). Kernels write their outputs
-    /// into such buffers, so an element a kernel forgets to write cannot pass a check.
+    /// A new buffer with every bit set: NaN for floats, `u32::MAX` (no valid token id) for
+    /// ids. Kernels write their outputs into such buffers, so an element a kernel forgets
+    /// to write cannot pass a check.
     pub fn alloc_nan<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
         // SAFETY: every byte is set right below, before anything reads the buffer.
         let mut buffer = unsafe { self.stream.alloc::<T>(len) }?;

@@ -1,7 +1,7 @@
 //! The operations of the forward pass, one function per kernel launch. Each takes its
 //! inputs on the GPU and returns a new GPU buffer; nothing here waits for the GPU.
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{Gemm, GemmConfig};
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -69,6 +69,7 @@ pub fn rms_norm(gpu: &Gpu, x: &CudaSlice<bf16>, weight: &CudaSlice<bf16>, config
 /// result is exactly our row-major y. So we ask cuBLAS for `yᵀ = w · xᵀ`: its A is w,
 /// transposed back (`OP_T`), its B is x as it stands (`OP_N`). No data moves.
 pub fn linear(gpu: &Gpu, x: &CudaSlice<bf16>, w: &CudaSlice<bf16>, in_features: usize) -> Result<CudaSlice<bf16>> {
+    ensure!(x.len() % in_features == 0 && w.len() % in_features == 0, "linear: widths do not match");
     let rows = x.len() / in_features;
     let out_features = w.len() / in_features;
     let mut y = gpu.alloc_nan::<bf16>(rows * out_features)?;
@@ -100,6 +101,7 @@ pub fn rope(
     heads: usize,
     config: &Config,
 ) -> Result<()> {
+    ensure!(x.len() == positions.len() * heads * config.head_dim, "rope: x does not hold one row per position");
     let (heads, head_dim) = (heads as i32, config.head_dim as i32);
     let launch = LaunchConfig { grid_dim: (positions.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     // SAFETY: the arguments match the kernel's signature; x holds positions.len() rows of
