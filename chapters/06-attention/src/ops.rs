@@ -69,7 +69,7 @@ pub fn rms_norm(gpu: &Gpu, x: &CudaSlice<bf16>, weight: &CudaSlice<bf16>, config
 /// result is exactly our row-major y. So we ask cuBLAS for `yᵀ = w · xᵀ`: its A is w,
 /// transposed back (`OP_T`), its B is x as it stands (`OP_N`). No data moves.
 pub fn linear(gpu: &Gpu, x: &CudaSlice<bf16>, w: &CudaSlice<bf16>, in_features: usize) -> Result<CudaSlice<bf16>> {
-    ensure!(x.len() % in_features == 0 && w.len() % in_features == 0, "linear: widths do not match");
+    ensure!(x.len().is_multiple_of(in_features) && w.len().is_multiple_of(in_features), "linear: widths do not match");
     let rows = x.len() / in_features;
     let out_features = w.len() / in_features;
     let mut y = gpu.alloc_nan::<bf16>(rows * out_features)?;
