@@ -136,6 +136,9 @@ fn run(cli: Cli) -> Result<()> {
     }
     let tokenizer = Tokenizer::from_file(tokenizer_file(cli.tokenizer.as_deref(), &cli.model)?)?;
     let prompt = cli.prompt.as_deref().unwrap_or_default();
+    if prompt.trim().is_empty() {
+        bail!("the prompt is empty: give the model something to answer");
+    }
     let ids = tokenizer.encode_prompt(cli.system.as_deref(), prompt)?;
     if ids.len() > MAX_CONTEXT {
         bail!("the prompt is {} tokens in the chat format; the context holds {MAX_CONTEXT}", ids.len());

@@ -174,3 +174,20 @@ fn a_prompt_longer_than_the_context_is_refused() {
     let output = run_binary(&["--model", model.path().to_str().unwrap(), "--no-gpu", &long_prompt]);
     assert_fails_with(&output, "tokens in the chat format; the context holds 2048");
 }
+
+#[test]
+fn an_empty_prompt_is_refused() {
+    let model = tiny_model();
+    for prompt in ["", "   \n"] {
+        let output = run_binary(&["--model", model.path().to_str().unwrap(), "--no-gpu", prompt]);
+        assert_fails_with(&output, "the prompt is empty");
+    }
+}
+
+#[test]
+fn the_token_budget_must_be_a_number() {
+    let model = tiny_model();
+    let output = run_binary(&["--model", model.path().to_str().unwrap(), "--no-gpu", "Hi", "many"]);
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("invalid value 'many'"));
+}
