@@ -200,10 +200,12 @@ fn run(cli: Cli) -> Result<()> {
         show_rotation(&q_before_rope, &q_rows, &config);
     }
 
+    // ANCHOR: attention_sublayer
     let attended = ops::attention_prefill(&gpu, &q, &k, &v, &config)?;
     // The residual stream starts as the embeddings; the sublayer adds its output to it.
     let mut residual = stream.clone_dtod(&hidden_states)?;
     ops::linear_add(&gpu, &attended, &layer.o_proj, config.num_attention_heads * config.head_dim, &mut residual)?;
+    // ANCHOR_END: attention_sublayer
     let attended_rows = check::to_f32(&stream.clone_dtoh(&attended)?);
     let output_rows = check::to_f32(&stream.clone_dtoh(&residual)?);
     show_attention_update(&tokenizer, &ids, &rows, &output_rows, config.hidden_size)?;
@@ -227,6 +229,7 @@ fn run(cli: Cli) -> Result<()> {
         checks.compare("layer 0 q after RoPE", &q_rows, &q_ref.data, 1e-2);
         checks.compare("layer 0 k after RoPE", &k_rows, &k_ref.data, 1e-2);
         checks.compare("layer 0 v", &v_rows, &v_ref.data, 1e-2);
+        // ANCHOR: check_attention
         let q_dim = config.num_attention_heads * config.head_dim;
         let q_on_gpu = Matrix::from_vec(ids.len(), q_dim, q_rows.clone());
         let kv_on_gpu = LayerCache { keys: k_rows.clone(), values: v_rows.clone() };
@@ -241,6 +244,7 @@ fn run(cli: Cli) -> Result<()> {
         let sublayer_ref =
             reference_layer.attention_block(&reference.config, &reference.inv_freq, &embedded, &positions, &mut cache);
         checks.compare("layer 0 attention sublayer, all from the embeddings", &output_rows, &sublayer_ref.data, 1e-2);
+        // ANCHOR_END: check_attention
         checks.finish()?;
     }
     // ANCHOR_END: gpu_work
