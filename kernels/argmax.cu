@@ -3,7 +3,8 @@
 // Launch: one block per row (gridDim.x = rows), blockDim.x a multiple of 32, at most 1024.
 // Each thread scans a strided share of the row; the block then reduces (value, index)
 // pairs with warp shuffles. On a tie the lower index wins, as torch.argmax does, so the
-// result does not depend on which thread saw which value.
+// result does not depend on which thread saw which value. A row holding any NaN has no
+// answer: its result is 0xffffffff, which is no token id, and the host reports it.
 
 #include <math_constants.h>  // CUDART_INF_F
 
@@ -21,12 +22,16 @@ extern "C" __global__ void argmax_rows(
     const float* row = logits + (size_t)blockIdx.x * vocab;
     float best = -CUDART_INF_F;
     unsigned int best_index = 0xffffffff;
+    int saw_nan = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        saw_nan |= isnan(row[i]);
         if (better(row[i], i, best, best_index)) {
             best = row[i];
             best_index = i;
         }
     }
+    // Every thread of the block learns whether any thread saw a NaN.
+    const int row_has_nan = __syncthreads_or(saw_nan);
     // Within each warp, then across warps through shared memory.
     __shared__ float warp_best[32];
     __shared__ unsigned int warp_index[32];
@@ -55,7 +60,7 @@ extern "C" __global__ void argmax_rows(
                 best_index = other_index;
             }
         }
-        if (lane == 0) out[blockIdx.x] = best_index;
+        if (lane == 0) out[blockIdx.x] = row_has_nan ? 0xffffffff : best_index;
     }
 }
 // ANCHOR_END: argmax

@@ -164,9 +164,13 @@ pub fn attention_prefill(
 ) -> Result<CudaSlice<bf16>> {
     let tokens = q.len() / (config.num_attention_heads * config.head_dim);
     ensure!(config.head_dim <= 256, "the attention kernel handles head_dim up to 256");
-    // One fp32 score per key sits in shared memory: 48 KiB holds 12,288 of them.
+    // One fp32 score per key sits in shared memory, beside the kernel's own 1 KiB query
+    // buffer (MAX_HEAD_DIM floats); a block may use 48 KiB: room for about 12,000 keys.
     let scores_bytes = tokens * std::mem::size_of::<f32>();
-    ensure!(scores_bytes <= 48 * 1024, "{tokens} tokens is too many for one attention block's shared memory");
+    ensure!(
+        scores_bytes + 256 * std::mem::size_of::<f32>() <= 48 * 1024,
+        "{tokens} tokens is too many for one attention block's shared memory"
+    );
     let mut out = gpu.alloc_nan::<bf16>(q.len())?;
     let (q_heads, kv_heads, head_dim) =
         (config.num_attention_heads as i32, config.num_key_value_heads as i32, config.head_dim as i32);

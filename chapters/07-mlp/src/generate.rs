@@ -58,7 +58,7 @@ pub fn generate(
         let logits = model::forward(gpu, weights, config, inv_freq, &sequence)?;
         let next = ops::argmax(gpu, &logits, config.vocab_size)?;
         let next = gpu.stream.clone_dtoh(&next)?[0]; // waits for the GPU
-        ensure!((next as usize) < config.vocab_size, "no largest logit: the logits are NaN");
+        ensure!((next as usize) < config.vocab_size, "the logits contain NaN: the forward pass went wrong");
         tokens.push(next);
         if STOP_TOKENS.contains(&next) {
             break Stop::EndToken(next);

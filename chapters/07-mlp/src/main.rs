@@ -254,7 +254,9 @@ fn check_against_reference(
         let mut cache = LayerCache::default();
         let expected = reference_layer.forward(&reference.config, &reference.inv_freq, &input, &positions, &mut cache);
         let error = check::measure(&output, &expected.data);
-        if worst.as_ref().is_none_or(|(_, w)| error.relative > w.relative || error.nan_count > 0) {
+        // A layer with NaN is worse than any without; otherwise the larger error is worse.
+        let is_worse = |w: &check::Error| (error.nan_count > 0, error.relative) > (w.nan_count > 0, w.relative);
+        if worst.as_ref().is_none_or(|(_, w)| is_worse(w)) {
             worst = Some((index, error));
         }
     }
