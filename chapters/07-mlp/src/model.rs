@@ -33,11 +33,9 @@ pub fn forward(
         decoder_layer(gpu, layer, config, inv_freq, &positions, &mut x)?;
     }
     let hidden = ops::rms_norm(gpu, &x, &weights.norm, config)?;
-    // Only the last position's logits choose the next token. The LM head is the embedding
-    // table itself when the two are tied (Llama 3.2 1B).
     let last_row: CudaView<bf16> = hidden.slice((ids.len() - 1) * config.hidden_size..);
     let lm_head = weights.lm_head.as_ref().unwrap_or(&weights.embed_tokens);
-    ops::linear_f32(gpu, &last_row, lm_head, config.hidden_size)
+    ops::lm_head(gpu, &last_row, lm_head, config)
 }
 // ANCHOR_END: forward
 
@@ -64,8 +62,8 @@ pub fn decoder_layer(
 
     // MLP sublayer: widen to 8,192 twice, gate one with the other, narrow back.
     let normed = ops::rms_norm(gpu, x, &layer.post_attention_layernorm, config)?;
-    let gate = ops::linear_f32(gpu, &normed, &layer.gate_proj, hidden)?;
-    let up = ops::linear_f32(gpu, &normed, &layer.up_proj, hidden)?;
+    let gate = ops::linear(gpu, &normed, &layer.gate_proj, hidden)?;
+    let up = ops::linear(gpu, &normed, &layer.up_proj, hidden)?;
     let activation = ops::swiglu(gpu, &gate, &up)?;
     ops::linear_add(gpu, &activation, &layer.down_proj, config.intermediate_size, x)?;
     Ok(())

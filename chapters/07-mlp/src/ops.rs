@@ -5,7 +5,7 @@ use anyhow::{Result, ensure};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
 use cudarc::cublas::{Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
 use crate::config::Config;
@@ -200,8 +200,8 @@ pub fn attention_prefill(
 // ANCHOR_END: attention
 
 // ANCHOR: swiglu
-/// The MLP's activation: `silu(gate) * up`, element by element, from fp32 inputs.
-pub fn swiglu(gpu: &Gpu, gate: &CudaSlice<f32>, up: &CudaSlice<f32>) -> Result<CudaSlice<bf16>> {
+/// The MLP's activation: `silu(gate) * up`, element by element.
+pub fn swiglu(gpu: &Gpu, gate: &CudaSlice<bf16>, up: &CudaSlice<bf16>) -> Result<CudaSlice<bf16>> {
     let mut out = gpu.alloc_nan::<bf16>(gate.len())?;
     let n = gate.len() as i32;
     let launch =
@@ -212,32 +212,23 @@ pub fn swiglu(gpu: &Gpu, gate: &CudaSlice<f32>, up: &CudaSlice<f32>) -> Result<C
 }
 // ANCHOR_END: swiglu
 
-// ANCHOR: linear_f32
-/// A linear layer with fp32 output: `y = x · wᵀ` with x `[rows, in]` bf16, w `[out, in]`
-/// bf16 and y `[rows, out]` fp32, by the same row-major trick as [`linear`].
+// ANCHOR: lm_head
+/// The LM head: one fp32 logit per vocabulary entry for each row of `x` `[rows, hidden]`,
+/// `logits = x · wᵀ` with w `[vocab, hidden]` (the embedding table, when tied).
 ///
-/// We use it where rounding to bf16 would cost accuracy that matters: for the MLP's gate
-/// and up (their product would be rounded three times), and for the logits, which in bf16
-/// would be rounded to steps of 0.125 near 20: enough to make the two best tokens equal,
-/// and a tie goes to the lower id whichever was really larger. cudarc's safe `Gemm` writes
-/// the input type, so we call `cublasGemmEx` ourselves.
-pub fn linear_f32(
-    gpu: &Gpu,
-    x: &impl DevicePtr<bf16>,
-    w: &CudaSlice<bf16>,
-    in_features: usize,
-) -> Result<CudaSlice<f32>> {
-    ensure!(
-        x.len().is_multiple_of(in_features) && w.len().is_multiple_of(in_features),
-        "linear_f32: widths do not match"
-    );
-    let (rows, out_features) = (x.len() / in_features, w.len() / in_features);
-    let mut y = gpu.alloc_nan::<f32>(rows * out_features)?;
+/// The same row-major trick as [`linear`], but the output is fp32: in bf16 the logits near
+/// 20 would be rounded to steps of 0.125, enough to make the two best tokens equal, and
+/// a tie goes to the lower id whichever was really larger.
+/// cudarc's safe `Gemm` writes the input type, so we call `cublasGemmEx` ourselves.
+pub fn lm_head(gpu: &Gpu, x: &CudaView<bf16>, w: &CudaSlice<bf16>, config: &Config) -> Result<CudaSlice<f32>> {
+    let hidden = config.hidden_size;
+    let (rows, vocab) = (x.len() / hidden, w.len() / hidden);
+    let mut logits = gpu.alloc_nan::<f32>(rows * vocab)?;
     let (alpha, beta) = (1.0f32, 0.0f32);
     {
         let (w_ptr, _w) = w.device_ptr(&gpu.stream);
         let (x_ptr, _x) = x.device_ptr(&gpu.stream);
-        let (y_ptr, _y) = y.device_ptr_mut(&gpu.stream);
+        let (logits_ptr, _l) = logits.device_ptr_mut(&gpu.stream);
         // SAFETY: the sizes describe exactly the three buffers; alpha and beta are f32, as
         // the fp32 compute type requires.
         unsafe {
@@ -245,28 +236,28 @@ pub fn linear_f32(
                 *gpu.blas.handle(),
                 CUBLAS_OP_T,
                 CUBLAS_OP_N,
-                out_features as i32,
+                vocab as i32,
                 rows as i32,
-                in_features as i32,
+                hidden as i32,
                 (&alpha as *const f32).cast(),
                 w_ptr as *const _,
                 cudaDataType_t::CUDA_R_16BF,
-                in_features as i32,
+                hidden as i32,
                 x_ptr as *const _,
                 cudaDataType_t::CUDA_R_16BF,
-                in_features as i32,
+                hidden as i32,
                 (&beta as *const f32).cast(),
-                y_ptr as *mut _,
+                logits_ptr as *mut _,
                 cudaDataType_t::CUDA_R_32F,
-                out_features as i32,
+                vocab as i32,
                 cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }?;
     }
-    Ok(y)
+    Ok(logits)
 }
-// ANCHOR_END: linear_f32
+// ANCHOR_END: lm_head
 
 // ANCHOR: argmax
 /// The index of the largest logit in each row of `[rows, vocab]`.
