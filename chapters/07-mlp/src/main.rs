@@ -260,10 +260,14 @@ fn check_against_reference(
             worst = Some((index, error));
         }
     }
+    // A whole layer is more than one step: its largest outputs pass through three bf16
+    // roundings in a row (the normed input, the MLP activation, the residual sum), each
+    // up to 2^-8 = 0.4% of the value, so up to about 1.2% together. A wrong kernel is off
+    // by far more than the 2e-2 allowed.
     if let Some((index, error)) = worst {
         let what =
             format!("each of the {} decoder layers on its GPU input (worst: layer {index})", weights.layers.len());
-        checks.record(&what, error, 1e-2);
+        checks.record(&what, error, 2e-2);
     }
 
     // From the tokens, as a user sees it: the bf16 rounding of all layers included.
