@@ -147,12 +147,18 @@ fn run(cli: Cli) -> Result<()> {
     );
     if cli.check {
         let checked = weights::check_against_file(&stream, &checkpoint, &weights)?;
-        // A differing byte is an error inside check_against_file; the error printed is measured.
         println!(
             "check: {} tensors' start, middle and end ({} bytes) read back from the GPU vs the file: \
-             max abs error {}, relative error {} (limit 0): PASS",
-            checked.tensors, checked.bytes, checked.max_abs_error, checked.max_abs_error
+             max abs error {}, relative error {} (limit 0): {}",
+            checked.tensors,
+            checked.bytes,
+            checked.max_abs_error,
+            checked.relative_error,
+            if checked.differing == 0 { "PASS" } else { "FAIL" }
         );
+        if let Some(first) = checked.first_difference {
+            bail!("{} values differ between the GPU and the file, the first: {first}", checked.differing);
+        }
     }
     if cli.verbose {
         show_prompt(&tokenizer, cli.system.as_deref(), prompt)?;
