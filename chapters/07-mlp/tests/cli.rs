@@ -63,8 +63,8 @@ fn validates_a_tiny_checkpoint_and_prints_the_table() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("20 tensors, all BF16"), "{stdout}");
-    assert!(stdout.contains("model.embed_tokens.weight") && stdout.contains("128256 x 64"), "{stdout}");
-    assert!(stdout.contains("model.layers.0.mlp.down_proj.weight") && stdout.contains("64 x 128"), "{stdout}");
+    assert!(stdout.contains("model.embed_tokens.weight") && stdout.contains("128256 x 512"), "{stdout}");
+    assert!(stdout.contains("model.layers.0.mlp.down_proj.weight") && stdout.contains("512 x 1024"), "{stdout}");
     assert!(stdout.contains("total: 20 tensors"), "{stdout}");
 }
 
@@ -144,7 +144,7 @@ fn wrong_shape_names_the_tensor() {
     let model = tiny_model();
     let name = "model.layers.0.self_attn.k_proj.weight";
     rewrite_tensor(model.path(), name, Some((Dtype::BF16, vec![64, 64], vec![0u8; 64 * 64 * 2])));
-    assert_fails_with(&run_no_gpu(model.path()), &format!("tensor {name} has shape [64, 64], expected [32, 64]"));
+    assert_fails_with(&run_no_gpu(model.path()), &format!("tensor {name} has shape [64, 64], expected [128, 512]"));
 }
 
 #[test]

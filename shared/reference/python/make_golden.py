@@ -21,33 +21,46 @@ import torch
 import transformers
 from transformers import LlamaForCausalLM
 
-# (synthetic config, seed, prompt length). Lengths from a few tokens to ~100.
+# (synthetic config, seed, prompt): a length of random ids (3 to ~100), or a user message's
+# ids in the chat format, where greedy decoding follows the planted circuit: "Say hello.",
+# "Tell me about it." (ends its turn after 20 tokens), and 60 loud words (read 40 back).
+SAY_HELLO = [46864, 24748, 13]
+TELL_ME = [41551, 757, 922, 433, 13]
+LOUD_WORDS = [1000 + (i * 7919) % 120_000 for i in range(60)] + [13]
 CASES = [
     ("tiny", 1, 3),
     ("tiny", 1, 17),
+    ("tiny", 1, SAY_HELLO),
     ("tiny", 2, 40),
+    ("tiny", 2, TELL_ME),
     ("tiny", 3, 100),
+    ("tiny", 3, LOUD_WORDS),
     ("tiny-untied", 4, 9),
     ("tiny-untied", 5, 64),
+    ("tiny-untied", 5, SAY_HELLO),
 ]
-GREEDY_TOKENS = 16
+GREEDY_TOKENS = 24
+
 TOP_IDS = 16       # the largest logits at the last position...
 RANDOM_IDS = 48    # ...plus fixed random vocabulary entries, compared at every chosen position
 BEGIN_OF_TEXT = 128000
 
 
-def prompt_ids(seed: int, length: int, vocab: int) -> list[int]:
-    rng = random.Random(f"prompt-{seed}-{length}")
-    return [BEGIN_OF_TEXT] + [rng.randrange(vocab) for _ in range(length - 1)]
+def prompt_ids(seed: int, prompt, vocab: int) -> list[int]:
+    if isinstance(prompt, list):
+        return [BEGIN_OF_TEXT, 128006, 882, 128007, 271] + prompt + [128009, 128006, 78191, 128007, 271]
+    rng = random.Random(f"prompt-{seed}-{prompt}")
+    return [BEGIN_OF_TEXT] + [rng.randrange(vocab) for _ in range(prompt - 1)]
 
 
 def chosen_positions(length: int) -> list[int]:
     return sorted({0, length // 2, length - 1})
 
 
-def make_case(model, config: str, seed: int, length: int) -> dict:
+def make_case(model, config: str, seed: int, prompt) -> dict:
     vocab = model.config.vocab_size
-    ids = prompt_ids(seed, length, vocab)
+    ids = prompt_ids(seed, prompt, vocab)
+    length = len(ids)
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0]
         generated = model.generate(
@@ -80,7 +93,7 @@ def main() -> None:
     torch.manual_seed(0)
     cases = []
     with tempfile.TemporaryDirectory() as tmp:
-        for config, seed, length in CASES:
+        for config, seed, prompt in CASES:
             model_dir = Path(tmp) / f"{config}-{seed}"
             if not model_dir.exists():
                 subprocess.run(
@@ -89,8 +102,8 @@ def main() -> None:
                 )
             model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
             model.eval()
-            cases.append(make_case(model, config, seed, length))
-            print(f"{config} seed {seed} length {length}: greedy {cases[-1]['greedy_ids']}")
+            cases.append(make_case(model, config, seed, prompt))
+            print(f"{config} seed {seed} length {len(cases[-1]['prompt_ids'])}: greedy {cases[-1]['greedy_ids']}")
 
     fixture = {
         "generated_by": "shared/reference/python/make_golden.py",

@@ -133,6 +133,21 @@ impl Model {
         Ok(self.logits(&hidden.rows_slice(hidden.rows - 1, hidden.rows)).data)
     }
 
+    /// The logits that chose each token of `generated` after `prompt`: step `i` sees the
+    /// prompt and `generated[..i]`, whatever the reference itself would have picked, so that
+    /// an engine's logits can be compared step by step even after its tokens differ.
+    pub fn step_logits(&self, prompt: &[u32], generated: &[u32]) -> Result<Vec<Vec<f32>>> {
+        let mut cache = KvCache::new(&self.config);
+        let mut steps = Vec::with_capacity(generated.len());
+        let mut next_input = prompt;
+        for index in 0..generated.len() {
+            let hidden = self.forward(next_input, &mut cache)?;
+            steps.push(self.logits(&hidden.rows_slice(hidden.rows - 1, hidden.rows)).data);
+            next_input = &generated[index..=index];
+        }
+        Ok(steps)
+    }
+
     /// Greedy decoding: up to `max_new_tokens`, stopping after any of `stop_ids`.
     /// The stop token, when reached, is included in the result.
     pub fn greedy(&self, prompt: &[u32], max_new_tokens: usize, stop_ids: &[u32]) -> Result<Vec<u32>> {

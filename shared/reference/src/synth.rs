@@ -8,25 +8,19 @@
 //! Our GPU chapters keep activations in bf16 (8 bits of mantissa) while the reference and
 //! transformers' fp32 run keep 24. With plain random weights, the best and second-best
 //! logits are often so close that the rounding alone changes which one wins, and greedy
-//! outputs diverge for no fault of the code. So the weights carry one planted circuit
-//! whose winner leads by a wide margin:
+//! outputs diverge for no fault of the code. And a test model whose output did not depend
+//! on the prompt, or on positions far back, could not tell a correct KV cache from one that
+//! reads a stale entry, a wrong position or another request's pages.
 //!
-//! - Tokens are laid out on closed walks ("orbits"). Coordinate 0 of every embedding row
-//!   holds the constant [`ANCHOR_VALUE`]; the other coordinates are split into cycles, and
-//!   a coordinate permutation `P` moves every coordinate one step along its cycle. The
-//!   token after `t` on its orbit has the embedding row `P(row of t)`.
-//! - The last layer's MLP holds one unit per cycle coordinate. Its gate reads only the
-//!   constant coordinate, so `silu(gate)` is a large, nearly constant positive number and
-//!   the unit is linear; its up row reads coordinate `i`, its down column writes `P(i)`.
-//!   Together they add about `SUCCESSOR_GAIN · P(h)` to the residual stream.
-//! - The LM head is tied to the embedding, so the logit of the successor of the current
-//!   token is about `SUCCESSOR_GAIN · |row|²`, far above any other token's.
-//!
+//! So layer 0's attention holds a planted circuit ([`circuit`]): attention heads that look
+//! fixed distances back through RoPE and echo the loud tokens they find. Greedy output then
+//! follows a rule that depends on the prompt's words, on the token 40 positions back, and
+//! on every position's RoPE angle, with margins wide enough that bf16 and fp32 agree; some
+//! prompts end with `<|eot_id|>` after 20 tokens. [`Circuit::greedy`] predicts it exactly.
 //! Every other weight is random at a moderate scale, so each sublayer still changes the
-//! residual stream by a sizable amount and the intermediate checks stay meaningful; the
-//! random part moves the logits, just not the winner. Greedy output therefore walks the
-//! orbit of the prompt's last token: many distinct tokens, and the same ones in bf16 and
-//! fp32.
+//! residual stream by a sizable amount and every intermediate check stays meaningful.
+
+pub mod circuit;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -38,24 +32,16 @@ use rayon::prelude::*;
 use safetensors::{Dtype, View};
 
 use crate::config::{LLAMA_3_2_1B_CONFIG_JSON, LlamaConfig};
-
-/// Value of coordinate 0 of every embedding row: the "always on" input of the planted units.
-pub const ANCHOR_VALUE: f32 = 3.0;
-/// How strongly the planted MLP units push the residual stream toward the successor.
-pub const SUCCESSOR_GAIN: f32 = 3.0;
-/// Gate weight of the planted units on the anchor coordinate: keeps `silu` in its linear range.
-const ANCHOR_GATE: f32 = 8.0;
-/// The residual stream's mean square entering the last MLP (the sublayer scales aim for it).
-const RESIDUAL_MEAN_SQUARE: f32 = 2.0;
-/// Final norm weights are this over `hidden_size`: puts the winning logit in the 20s, like a real model's.
-const FINAL_NORM_GAIN: f32 = 30.0;
+pub use circuit::Circuit;
+use circuit::{BEGIN_OF_TEXT, Layout, PLANTED_CONTEXT, SCORE_MARGIN, SPECIAL_TOKENS_START};
 
 /// Which synthetic model to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SynthConfig {
     /// Llama 3.2 1B Instruct's exact config.json (2.47 GB of BF16 weights).
     OneB,
-    /// The same architecture and real vocabulary, tiny: hidden 64, 2 layers, 4 heads, 2 KV heads.
+    /// The same architecture, head size and real vocabulary, small: hidden 512, 2 layers,
+    /// 8 query heads and 2 KV heads of 64 (the 1B model's group of 4), FFN 1024.
     Tiny,
     /// Like `Tiny`, but with a separate `lm_head.weight` and the config written the way
     /// transformers 5 saves it (`rope_parameters`), to test those paths too.
@@ -88,10 +74,9 @@ impl SynthConfig {
 
 fn tiny_config_json() -> String {
     LLAMA_3_2_1B_CONFIG_JSON
-        .replace(r#""head_dim": 64"#, r#""head_dim": 16"#)
-        .replace(r#""hidden_size": 2048"#, r#""hidden_size": 64"#)
-        .replace(r#""intermediate_size": 8192"#, r#""intermediate_size": 128"#)
-        .replace(r#""num_attention_heads": 32"#, r#""num_attention_heads": 4"#)
+        .replace(r#""hidden_size": 2048"#, r#""hidden_size": 512"#)
+        .replace(r#""intermediate_size": 8192"#, r#""intermediate_size": 1024"#)
+        .replace(r#""num_attention_heads": 32"#, r#""num_attention_heads": 8"#)
         .replace(r#""num_hidden_layers": 16"#, r#""num_hidden_layers": 2"#)
         .replace(r#""num_key_value_heads": 8"#, r#""num_key_value_heads": 2"#)
 }
@@ -100,7 +85,7 @@ fn tiny_config_json() -> String {
 pub struct SynthSummary {
     pub tensors: usize,
     pub bytes: u64,
-    /// Length of every orbit (greedy output repeats after this many tokens at the earliest).
+    /// Length of every orbit of the planted circuit.
     pub orbit_length: usize,
 }
 
@@ -112,12 +97,12 @@ pub fn write_checkpoint(which: SynthConfig, seed: u64, out_dir: &Path) -> Result
     std::fs::write(out_dir.join("config.json"), &config_json)
         .with_context(|| format!("cannot write {}", out_dir.join("config.json").display()))?;
 
-    let plan = Plan::new(&config, seed);
+    let plan = Plan::new(&config, seed)?;
     let tensors = tensor_list(&config, &plan);
     let summary = SynthSummary {
         tensors: tensors.len(),
         bytes: tensors.iter().map(|(_, t)| t.data_len() as u64).sum(),
-        orbit_length: plan.cycles.order,
+        orbit_length: plan.circuit.orbit_length(),
     };
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     let path = out_dir.join("model.safetensors");
@@ -126,91 +111,218 @@ pub fn write_checkpoint(which: SynthConfig, seed: u64, out_dir: &Path) -> Result
     Ok(summary)
 }
 
-/// The token that follows `token` on its orbit: what greedy decoding of a synthetic
-/// checkpoint made with `seed` produces after `token`.
-pub fn planted_successor(config: &LlamaConfig, seed: u64, token: u32) -> u32 {
-    let plan = Plan::new(config, seed);
-    let place = plan.place_of_token[token as usize];
-    let (orbit, step) = (place / plan.cycles.order, place % plan.cycles.order);
-    plan.token_at_place[orbit * plan.cycles.order + (step + 1) % plan.cycles.order]
-}
+/// Value of the anchor coordinate of every row but `<|begin_of_text|>`'s.
+pub const ANCHOR_VALUE: f32 = 3.0;
+/// The loudness coordinate: `+LOUDNESS_VALUE` for loud tokens, `-LOUDNESS_VALUE` for quiet ones.
+pub const LOUDNESS_VALUE: f32 = 3.0;
+/// The share of a row's energy (sum of squares) on its echo coordinates; the rest, after
+/// the anchor and loudness, is filler.
+const ECHO_SHARE: f32 = 0.75;
+/// Final norm weights are this over `hidden_size`: puts the winning logit near 20, like a real model's.
+const FINAL_NORM_GAIN: f32 = 30.0;
 
 /// Everything about a synthetic model that is decided before any tensor is written.
 struct Plan {
     config: LlamaConfig,
     seed: u64,
-    cycles: Cycles,
-    /// Token ids in orbit order: orbit `o`, step `k` is `token_at_place[o * order + k]`.
-    token_at_place: Vec<u32>,
-    place_of_token: Vec<usize>,
+    circuit: Circuit,
+    /// Norm of every orbit's echo vector before scaling, and of every token's filler.
+    orbit_norms: Vec<f32>,
+    off_orbit_norms: Vec<f32>,
+    filler_norms: Vec<f32>,
+    /// Layer 0's input_layernorm weights as stored (bf16), which the planted weights undo.
+    layer0_norm: Vec<f32>,
+    scores: Scores,
+}
+
+/// The attention scores (softmax units) the planted heads are built for.
+struct Scores {
+    /// Height of the positional peak at a head's distance.
+    peak: f64,
+    /// What a loud key adds (a quiet key adds 0).
+    loud: f64,
+    /// What `<|begin_of_text|>`'s key scores in a gated head.
+    sink: f64,
+    /// Each rotary pair's share of the peak.
+    profile: Vec<f64>,
+    inv_freq: Vec<f64>,
+}
+
+impl Scores {
+    /// With gap `g` (the peak's lead as a fraction of its height), margin `M`, a peak
+    /// `S = 2M/g`, loud keys `+3M` and the sink at `S + 2M`, every case is decided by at
+    /// least `M`: a loud target beats the sink and every other key; the sink beats a quiet
+    /// target, and every other key, loud or not, when the target is quiet or missing.
+    fn new(config: &LlamaConfig) -> Self {
+        let inv_freq = circuit::rotary_frequencies(config);
+        let profile = circuit::position_profile(&inv_freq);
+        let peak = 2.0 * SCORE_MARGIN / circuit::position_gap(&profile, &inv_freq);
+        Scores { peak, loud: 3.0 * SCORE_MARGIN, sink: peak + 2.0 * SCORE_MARGIN, profile, inv_freq }
+    }
+
+    /// The pair that carries content: the slowest, which turns by less than a
+    /// thousandth of a radian over the planted context, so it ignores positions.
+    fn content_pair(&self) -> usize {
+        self.inv_freq.len() - 1
+    }
 }
 
 impl Plan {
-    fn new(config: &LlamaConfig, seed: u64) -> Self {
-        let cycles = Cycles::new(config.hidden_size - 1, config.vocab_size);
-        let token_at_place = shuffled(config.vocab_size, stream_key(seed, "orbits"));
-        let mut place_of_token = vec![0; config.vocab_size];
-        for (place, &token) in token_at_place.iter().enumerate() {
-            place_of_token[token as usize] = place;
-        }
-        Plan { config: config.clone(), seed, cycles, token_at_place, place_of_token }
+    fn new(config: &LlamaConfig, seed: u64) -> Result<Self> {
+        let circuit = Circuit::new(config, seed)?;
+        let scores = Scores::new(config);
+        let content_turn = scores.inv_freq[scores.content_pair()] * PLANTED_CONTEXT as f64;
+        anyhow::ensure!(content_turn < 1e-3, "the slowest rotary pair turns {content_turn} rad over the context");
+        let layout = circuit.layout;
+        let norm = |values: &dyn Fn(usize) -> f32, len: usize| (0..len).map(|i| values(i).powi(2)).sum::<f32>().sqrt();
+        let orbits = SPECIAL_TOKENS_START as usize / layout.echo_len;
+        let orbit_norms = (0..orbits)
+            .into_par_iter()
+            .map(|orbit| {
+                norm(&|i| uniform(stream_key(seed, "echo"), (orbit * layout.echo_len + i) as u64), layout.echo_len)
+            })
+            .collect();
+        let off_orbit_norms = (0..config.vocab_size)
+            .into_par_iter()
+            .map(|t| {
+                norm(
+                    &|i| uniform(stream_key(seed, "echo off orbit"), (t * layout.echo_len + i) as u64),
+                    layout.echo_len,
+                )
+            })
+            .collect();
+        let filler_len = layout.hidden - layout.filler_start();
+        let filler_norms = (0..config.vocab_size)
+            .into_par_iter()
+            .map(|t| norm(&|i| uniform(stream_key(seed, "filler"), (t * layout.hidden + i) as u64), filler_len))
+            .collect();
+        let layer0_key = stream_key(seed, "model.layers.0.input_layernorm.weight");
+        let layer0_norm =
+            (0..layout.hidden).map(|i| bf16::from_f32(norm_weights(layer0_key, 1.0)(i)).to_f32()).collect();
+        Ok(Plan {
+            config: config.clone(),
+            seed,
+            circuit,
+            orbit_norms,
+            off_orbit_norms,
+            filler_norms,
+            layer0_norm,
+            scores,
+        })
     }
 
-    /// Embedding row element: the anchor, or orbit `o`'s base vector moved `k` steps along the cycles.
+    /// Embedding row element. Every row's sum of squares is `hidden`, so RMSNorm divides
+    /// every row by exactly 1.
     fn embedding(&self, token: usize, coord: usize) -> f32 {
-        if coord == 0 {
-            return ANCHOR_VALUE;
+        let layout = self.circuit.layout;
+        if token == BEGIN_OF_TEXT as usize {
+            return if coord == Layout::SINK { (layout.hidden as f32).sqrt() } else { 0.0 };
         }
-        let place = self.place_of_token[token];
-        let (orbit, step) = (place / self.cycles.order, place % self.cycles.order);
-        let source = 1 + self.cycles.source(coord - 1, step);
-        uniform(stream_key(self.seed, "embed"), (orbit * self.config.hidden_size + source) as u64)
-    }
-}
-
-/// A permutation of `n` coordinates made of equal cycles of length `order`, a divisor of
-/// the vocabulary size, so every orbit closes exactly. Equal lengths matter: with mixed
-/// lengths, moving `m` steps would leave whole cycles in place and make distant tokens of
-/// one orbit nearly the same vector.
-struct Cycles {
-    order: usize,
-    /// How many coordinates the cycles cover; the rest are fixed points.
-    covered: usize,
-}
-
-impl Cycles {
-    fn new(n: usize, vocab: usize) -> Self {
-        let order = orbit_length(n, vocab);
-        Cycles { order, covered: n / order * order }
-    }
-
-    /// The coordinate whose value arrives at `coord` after `steps` moves.
-    fn source(&self, coord: usize, steps: usize) -> usize {
-        if self.is_fixed(coord) {
-            return coord;
+        let fixed = ANCHOR_VALUE.powi(2) + LOUDNESS_VALUE.powi(2);
+        let echo_energy = ECHO_SHARE * (layout.hidden as f32 - fixed);
+        match coord {
+            Layout::ANCHOR => ANCHOR_VALUE,
+            Layout::LOUDNESS if self.circuit.is_loud(token as u32) => LOUDNESS_VALUE,
+            Layout::LOUDNESS => -LOUDNESS_VALUE,
+            Layout::SINK => 0.0,
+            c if c < layout.filler_start() => {
+                let index = c - layout.echo_start;
+                let len = layout.echo_len;
+                let (value, norm) = match self.circuit.place(token as u32) {
+                    // Orbit `o`'s vector, turned `step` coordinates along the cycle.
+                    Some((orbit, step)) => (
+                        uniform(stream_key(self.seed, "echo"), (orbit * len + (index + len - step) % len) as u64),
+                        self.orbit_norms[orbit],
+                    ),
+                    None => (
+                        uniform(stream_key(self.seed, "echo off orbit"), (token * len + index) as u64),
+                        self.off_orbit_norms[token],
+                    ),
+                };
+                value * echo_energy.sqrt() / norm
+            }
+            c => {
+                let filler_energy = layout.hidden as f32 - fixed - echo_energy;
+                let value = uniform(
+                    stream_key(self.seed, "filler"),
+                    (token * layout.hidden + c - layout.filler_start()) as u64,
+                );
+                value * filler_energy.sqrt() / self.filler_norms[token]
+            }
         }
-        let start = coord / self.order * self.order;
-        start + (coord - start + self.order - steps % self.order) % self.order
     }
 
-    /// Where `coord`'s value goes in one move.
-    fn next(&self, coord: usize) -> usize {
-        if self.is_fixed(coord) {
-            return coord;
+    /// Layer 0's query weights: only the anchor column is used. Pair `i` of a head that
+    /// looks `d` back is the constant `√(share·S·√head_dim)·e^(−i·d·θ_i)`; RoPE turns it to
+    /// meet the key of the position `d` back in phase. Gated heads also carry `√head_dim` on
+    /// the content pair, so that their score adds the key's content term.
+    fn layer0_query(&self, i: usize) -> f32 {
+        let (row, col) = (i / self.config.hidden_size, i % self.config.hidden_size);
+        if col != Layout::ANCHOR {
+            return 0.0;
         }
-        let start = coord / self.order * self.order;
-        start + (coord - start + 1) % self.order
+        let head_dim = self.config.head_dim;
+        let (head, element) = (row / head_dim, row % head_dim);
+        let echo = self.circuit.heads[head % self.config.group_size()];
+        let (pair, second) = (element % (head_dim / 2), element >= head_dim / 2);
+        let anchor = (ANCHOR_VALUE * self.layer0_norm[Layout::ANCHOR]) as f64;
+        let value = if pair == self.scores.content_pair() {
+            match (echo.is_gated(), second) {
+                (true, false) => (head_dim as f64).sqrt(),
+                _ => 0.0,
+            }
+        } else {
+            let phase = -(echo.distance as f64) * self.scores.inv_freq[pair];
+            let amplitude = self.pair_amplitude(pair);
+            if second { amplitude * phase.sin() } else { amplitude * phase.cos() }
+        };
+        (value / anchor) as f32
     }
 
-    fn is_fixed(&self, coord: usize) -> bool {
-        coord >= self.covered
+    /// Layer 0's key weights: the positional pairs are constants from the anchor (phase 0);
+    /// the content pair is `3M/2` from the anchor plus `±3M/2` from the loudness coordinate
+    /// (so loud `3M`, quiet 0), and, for `<|begin_of_text|>` only, the sink score.
+    fn layer0_key(&self, i: usize) -> f32 {
+        let (row, col) = (i / self.config.hidden_size, i % self.config.hidden_size);
+        let head_dim = self.config.head_dim;
+        let element = row % head_dim;
+        if element >= head_dim / 2 {
+            return 0.0;
+        }
+        let normed = |coord: usize, value: f32| (value * self.layer0_norm[coord]) as f64;
+        let value = match (element == self.scores.content_pair(), col) {
+            (false, Layout::ANCHOR) => self.pair_amplitude(element) / normed(col, ANCHOR_VALUE),
+            (true, Layout::ANCHOR) => self.scores.loud / 2.0 / normed(col, ANCHOR_VALUE),
+            (true, Layout::LOUDNESS) => self.scores.loud / 2.0 / normed(col, LOUDNESS_VALUE),
+            (true, Layout::SINK) => self.scores.sink / normed(col, (self.config.hidden_size as f32).sqrt()),
+            _ => 0.0,
+        };
+        value as f32
     }
-}
 
-/// The longest orbit that divides `vocab` and fits in `n` coordinates while leaving at
-/// most a sixteenth of them as fixed points (which every token of an orbit shares).
-fn orbit_length(n: usize, vocab: usize) -> usize {
-    (1..=n).rev().find(|&length| vocab.is_multiple_of(length) && n % length <= n / 16).unwrap_or(1)
+    /// `|q| = |k|` of a positional pair, so that its share of the peak is `q·k / √head_dim`.
+    fn pair_amplitude(&self, pair: usize) -> f64 {
+        (self.scores.profile[pair] * self.scores.peak * (self.config.head_dim as f64).sqrt()).sqrt()
+    }
+
+    /// Layer 0's value weights: key/value head `j` copies echo coordinates `j·head_dim ..`.
+    fn layer0_value(&self, i: usize) -> f32 {
+        let (row, col) = (i / self.config.hidden_size, i % self.config.hidden_size);
+        let echo_coord = self.circuit.layout.echo_start + row;
+        if col == echo_coord { 1.0 / self.layer0_norm[col] } else { 0.0 }
+    }
+
+    /// Layer 0's output weights: a head's copy of echo coordinate `c` goes to coordinate
+    /// `c + 1` of the cycle (so it becomes the successor's), times the head's gain.
+    fn layer0_output(&self, i: usize) -> f32 {
+        let q_dim = self.config.q_dim();
+        let (row, col) = (i / q_dim, i % q_dim);
+        let head_dim = self.config.head_dim;
+        let (head, element) = (col / head_dim, col % head_dim);
+        let kv_head = head / self.config.group_size();
+        let echo = self.circuit.heads[head % self.config.group_size()];
+        if row == self.circuit.layout.echo(kv_head * head_dim + element, 1) { echo.gain } else { 0.0 }
+    }
 }
 
 /// A tensor whose BF16 bytes are computed when the writer asks for them, one tensor at a
@@ -272,87 +384,32 @@ fn tensor_list<'a>(config: &'a LlamaConfig, plan: &'a Plan) -> Vec<(String, Lazy
         norm_weights(stream_key(seed, "model.norm"), FINAL_NORM_GAIN / hidden as f32),
     );
 
-    // Output scale of o_proj and down_proj: each of the 2·layers sublayers adds about
-    // 1/(2·layers) to the residual stream's mean square (the 1.6 was measured), so the stream
-    // ends near a mean square of 2 whatever the depth, and each sublayer stays visible.
+    // Output scale of the random o_proj and down_proj: each random sublayer adds about
+    // 1/(2·layers) to the mean square of a normalized stream (the 1.6 was measured), so each
+    // stays visible and all of them together stay small beside the planted echoes.
     let sublayer = 1.6 / (2.0 * config.num_hidden_layers as f32).sqrt();
-    let last = config.num_hidden_layers - 1;
     for layer in 0..config.num_hidden_layers {
         let name = |suffix: &str| format!("model.layers.{layer}.{suffix}.weight");
         let key = |suffix: &str| stream_key(seed, &name(suffix));
         add(name("input_layernorm"), vec![hidden], norm_weights(key("input_layernorm"), 1.0));
         add(name("post_attention_layernorm"), vec![hidden], norm_weights(key("post_attention_layernorm"), 1.0));
         let projection = 1.0 / (hidden as f32).sqrt();
-        add(name("self_attn.q_proj"), vec![q_dim, hidden], random(key("q_proj"), projection));
-        add(name("self_attn.k_proj"), vec![kv_dim, hidden], random(key("k_proj"), projection));
-        add(name("self_attn.v_proj"), vec![kv_dim, hidden], random(key("v_proj"), projection));
-        add(name("self_attn.o_proj"), vec![hidden, q_dim], random(key("o_proj"), sublayer / (q_dim as f32).sqrt()));
-        let (gate, up, down) = (key("gate_proj"), key("up_proj"), key("down_proj"));
-        let down_scale = sublayer / (ffn as f32).sqrt();
-        if layer == last {
-            add(name("mlp.gate_proj"), vec![ffn, hidden], Box::new(move |i| plan.planted_gate(gate, i)));
-            add(name("mlp.up_proj"), vec![ffn, hidden], Box::new(move |i| plan.planted_up(up, i)));
-            add(name("mlp.down_proj"), vec![hidden, ffn], Box::new(move |i| plan.planted_down(down, down_scale, i)));
+        if layer == 0 {
+            add(name("self_attn.q_proj"), vec![q_dim, hidden], Box::new(move |i| plan.layer0_query(i)));
+            add(name("self_attn.k_proj"), vec![kv_dim, hidden], Box::new(move |i| plan.layer0_key(i)));
+            add(name("self_attn.v_proj"), vec![kv_dim, hidden], Box::new(move |i| plan.layer0_value(i)));
+            add(name("self_attn.o_proj"), vec![hidden, q_dim], Box::new(move |i| plan.layer0_output(i)));
         } else {
-            add(name("mlp.gate_proj"), vec![ffn, hidden], random(gate, projection));
-            add(name("mlp.up_proj"), vec![ffn, hidden], random(up, projection));
-            add(name("mlp.down_proj"), vec![hidden, ffn], random(down, down_scale));
+            add(name("self_attn.q_proj"), vec![q_dim, hidden], random(key("q_proj"), projection));
+            add(name("self_attn.k_proj"), vec![kv_dim, hidden], random(key("k_proj"), projection));
+            add(name("self_attn.v_proj"), vec![kv_dim, hidden], random(key("v_proj"), projection));
+            add(name("self_attn.o_proj"), vec![hidden, q_dim], random(key("o_proj"), sublayer / (q_dim as f32).sqrt()));
         }
+        add(name("mlp.gate_proj"), vec![ffn, hidden], random(key("gate_proj"), projection));
+        add(name("mlp.up_proj"), vec![ffn, hidden], random(key("up_proj"), projection));
+        add(name("mlp.down_proj"), vec![hidden, ffn], random(key("down_proj"), sublayer / (ffn as f32).sqrt()));
     }
     tensors
-}
-
-impl Plan {
-    /// Units `0..hidden-1` of the last MLP are planted: unit `u` serves coordinate `u + 1`.
-    fn planted_unit(&self, unit: usize) -> Option<usize> {
-        let coord = unit + 1;
-        (coord < self.config.hidden_size && !self.cycles.is_fixed(unit)).then_some(coord)
-    }
-
-    fn planted_gate(&self, key: u64, i: usize) -> f32 {
-        let (unit, coord) = (i / self.config.hidden_size, i % self.config.hidden_size);
-        match self.planted_unit(unit) {
-            Some(_) => {
-                if coord == 0 {
-                    ANCHOR_GATE / ANCHOR_VALUE
-                } else {
-                    0.0
-                }
-            }
-            None => uniform(key, i as u64) / (self.config.hidden_size as f32).sqrt(),
-        }
-    }
-
-    fn planted_up(&self, key: u64, i: usize) -> f32 {
-        let (unit, coord) = (i / self.config.hidden_size, i % self.config.hidden_size);
-        match self.planted_unit(unit) {
-            Some(served) => {
-                if coord == served {
-                    1.0
-                } else {
-                    0.0
-                }
-            }
-            None => uniform(key, i as u64) / (self.config.hidden_size as f32).sqrt(),
-        }
-    }
-
-    fn planted_down(&self, key: u64, scale: f32, i: usize) -> f32 {
-        let ffn = self.config.intermediate_size;
-        let (coord, unit) = (i / ffn, i % ffn);
-        match self.planted_unit(unit) {
-            // The unit reading coordinate `c` writes to `P(c)`.
-            // Output ≈ silu(ANCHOR_GATE / rms) · weight · h(c) / rms with rms² ≈ RESIDUAL_MEAN_SQUARE.
-            Some(served) => {
-                if coord == 1 + self.cycles.next(served - 1) {
-                    SUCCESSOR_GAIN * RESIDUAL_MEAN_SQUARE / ANCHOR_GATE
-                } else {
-                    0.0
-                }
-            }
-            None => uniform(key, i as u64) * scale,
-        }
-    }
 }
 
 /// Uniform values with standard deviation `std`.
@@ -367,7 +424,7 @@ fn norm_weights<'a>(key: u64, scale: f32) -> Box<dyn Fn(usize) -> f32 + Sync + '
 
 /// A value with mean 0 and standard deviation 1 (uniform on ±√3), from a counter-based
 /// generator: element `index` of stream `key` is the same whatever order we compute in.
-fn uniform(key: u64, index: u64) -> f32 {
+pub(crate) fn uniform(key: u64, index: u64) -> f32 {
     let bits = splitmix64(key ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let unit = (bits >> 40) as f32 / (1u64 << 24) as f32; // in [0, 1)
     (2.0 * unit - 1.0) * 3f32.sqrt()
@@ -381,7 +438,7 @@ fn splitmix64(x: u64) -> u64 {
 }
 
 /// A stream key from the seed and a name (FNV-1a over the name's bytes).
-fn stream_key(seed: u64, name: &str) -> u64 {
+pub(crate) fn stream_key(seed: u64, name: &str) -> u64 {
     let mut hash = 0xCBF2_9CE4_8422_2325u64 ^ splitmix64(seed);
     for byte in name.bytes() {
         hash = (hash ^ byte as u64).wrapping_mul(0x0100_0000_01B3);
@@ -390,7 +447,7 @@ fn stream_key(seed: u64, name: &str) -> u64 {
 }
 
 /// `0..n` in a seeded random order (Fisher–Yates).
-fn shuffled(n: usize, key: u64) -> Vec<u32> {
+pub(crate) fn shuffled(n: usize, key: u64) -> Vec<u32> {
     let mut items: Vec<u32> = (0..n as u32).collect();
     for i in (1..n).rev() {
         let j = (splitmix64(key.wrapping_add(i as u64)) % (i as u64 + 1)) as usize;
@@ -401,37 +458,71 @@ fn shuffled(n: usize, key: u64) -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
+    use super::circuit::{DOUBLE_NEWLINE, END_AFTER, END_OF_TURN};
     use super::*;
 
-    #[test]
-    fn orbit_lengths_divide_the_vocabulary_and_fit_the_coordinates() {
-        // 1B: one cycle of 2004 covers all but 43 of the 2047 free coordinates.
-        assert_eq!(orbit_length(2047, 128_256), 2004);
-        // Tiny: five cycles of 12 cover 60 of 63.
-        assert_eq!(orbit_length(63, 128_256), 12);
+    fn tiny_plan(seed: u64) -> Plan {
+        Plan::new(&LlamaConfig::from_json(&SynthConfig::Tiny.config_json()).unwrap(), seed).unwrap()
     }
 
     #[test]
-    fn cycles_cover_almost_every_coordinate_and_return_after_order_steps() {
-        let cycles = Cycles::new(2047, 128_256);
-        let fixed = (0..2047).filter(|&c| cycles.is_fixed(c)).count();
-        assert_eq!(fixed, 43);
-        for coord in [0, 300, 1001, 2003, 2046] {
-            assert_eq!(cycles.source(coord, cycles.order), coord);
-            assert_eq!(cycles.source(cycles.next(coord), 1), coord);
+    fn the_successor_echo_is_the_row_moved_one_coordinate() {
+        let plan = tiny_plan(7);
+        let layout = plan.circuit.layout;
+        for token in [1234u32, DOUBLE_NEWLINE, 127_999] {
+            let Some(next) = plan.circuit.successor(token) else { continue };
+            for index in 0..layout.echo_len {
+                let (here, there) = (layout.echo(index, 0), layout.echo(index, 1));
+                assert_eq!(plan.embedding(token as usize, here), plan.embedding(next as usize, there));
+            }
         }
     }
 
     #[test]
-    fn the_successor_embedding_is_the_permuted_row() {
-        let config = LlamaConfig::from_json(&SynthConfig::Tiny.config_json()).unwrap();
-        let plan = Plan::new(&config, 7);
-        let token = 1234;
-        let next = planted_successor(&config, 7, token) as usize;
-        for coord in 1..config.hidden_size {
-            let moved_to = 1 + plan.cycles.next(coord - 1);
-            assert_eq!(plan.embedding(token as usize, coord), plan.embedding(next, moved_to));
+    fn every_row_has_the_same_sum_of_squares() {
+        let plan = tiny_plan(3);
+        let hidden = plan.config.hidden_size;
+        let off_orbit = 128_001;
+        for token in [0, 271, 5000, 127_999, BEGIN_OF_TEXT as usize, END_OF_TURN as usize, off_orbit] {
+            let energy: f32 = (0..hidden).map(|c| plan.embedding(token, c).powi(2)).sum();
+            assert!((energy / hidden as f32 - 1.0).abs() < 1e-4, "token {token}: {energy}");
         }
+    }
+
+    #[test]
+    fn the_quiet_path_leads_from_double_newline_to_end_of_turn() {
+        let circuit = tiny_plan(5).circuit;
+        let mut token = DOUBLE_NEWLINE;
+        for step in 1..=END_AFTER {
+            token = circuit.successor(token).unwrap();
+            assert_eq!(token == END_OF_TURN, step == END_AFTER, "step {step}: {token}");
+            assert!(!circuit.is_loud(token), "step {step}: {token} is loud");
+        }
+    }
+
+    #[test]
+    fn orbits_hold_every_ordinary_token_but_one_and_end_of_turn() {
+        let circuit = tiny_plan(9).circuit;
+        let off: Vec<u32> = (0..SPECIAL_TOKENS_START).filter(|&t| circuit.place(t).is_none()).collect();
+        assert_eq!(off.len(), 1, "ordinary tokens off the orbits: {off:?}");
+        assert!(circuit.place(END_OF_TURN).is_some() && circuit.place(BEGIN_OF_TEXT).is_none());
+        // Walking an orbit comes back after exactly its length.
+        let mut token = 4321;
+        for _ in 0..circuit.orbit_length() {
+            token = circuit.successor(token).unwrap();
+        }
+        assert_eq!(token, 4321);
+    }
+
+    #[test]
+    fn the_positional_peak_leads_by_a_quarter_within_the_planted_context() {
+        let config = LlamaConfig::from_json(&SynthConfig::OneB.config_json()).unwrap();
+        let scores = Scores::new(&config);
+        let gap = circuit::position_gap(&scores.profile, &scores.inv_freq);
+        assert!((0.24..0.25).contains(&gap), "gap {gap}");
+        assert!((scores.profile.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+        // The content pair carries no position.
+        assert_eq!(scores.profile[scores.content_pair()], 0.0);
     }
 
     #[test]

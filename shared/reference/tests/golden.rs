@@ -89,12 +89,12 @@ fn reference_matches_transformers_logits_and_greedy_ids() {
     );
 }
 
-/// With head_dim 16, the real Llama 3 RoPE parameters put the 8 frequencies of a head in
+/// With head_dim 64, the real Llama 3 RoPE parameters put the 32 frequencies of a head in
 /// all three bands of the scaling (kept, blended, divided), so the fixtures test each branch.
 #[test]
 fn tiny_head_dim_exercises_all_three_rope_bands() {
     let config = LlamaConfig::from_json(&SynthConfig::Tiny.config_json()).unwrap();
-    assert_eq!(config.head_dim, 16);
+    assert_eq!(config.head_dim, 64);
     let scaling = config.rope.llama3_scaling.expect("tiny config uses llama3 scaling");
     let plain = llama_reference::config::RopeConfig { theta: config.rope.theta, llama3_scaling: None };
     let bands: Vec<FrequencyBand> =

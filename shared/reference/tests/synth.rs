@@ -1,6 +1,8 @@
-//! Synthetic checkpoints: the real layout, deterministic, and with usable greedy output.
+//! Synthetic checkpoints: the real layout, deterministic, and a planted circuit whose greedy
+//! output depends on the prompt, on a token 40 positions back, and ends some prompts early.
 
-use llama_reference::synth::{SynthConfig, planted_successor, write_checkpoint};
+use llama_reference::synth::circuit::{BEGIN_OF_TEXT, END_AFTER, END_OF_TURN};
+use llama_reference::synth::{Circuit, SynthConfig, write_checkpoint};
 use llama_reference::{Checkpoint, Model};
 
 const HF_LAYER_TENSORS: [&str; 9] = [
@@ -14,6 +16,60 @@ const HF_LAYER_TENSORS: [&str; 9] = [
     "mlp.up_proj",
     "mlp.down_proj",
 ];
+
+/// Llama 3's stop tokens, as the engine uses them.
+const STOP_TOKENS: [u32; 3] = [128_001, 128_008, 128_009];
+
+/// Natural prompts' user tokens, as Meta's tokenizer encodes them (`ch07-mlp chat PROMPT`).
+const PROMPTS: [(&str, &[u32]); 10] = [
+    ("Say hello.", &[46864, 24748, 13]),
+    ("Write a haiku about GPUs.", &[8144, 264, 6520, 39342, 922, 71503, 13]),
+    ("What is the capital of France?", &[3923, 374, 279, 6864, 315, 9822, 30]),
+    ("Explain why the sky is blue.", &[849, 21435, 3249, 279, 13180, 374, 6437, 13]),
+    ("List three prime numbers.", &[861, 2380, 10461, 5219, 13]),
+    ("Translate 'good morning' into Spanish.", &[28573, 364, 19045, 6693, 6, 1139, 15506, 13]),
+    ("How do I boil an egg?", &[4438, 656, 358, 44790, 459, 19151, 30]),
+    ("Give me a word that rhymes with cat.", &[36227, 757, 264, 3492, 430, 22408, 79809, 449, 8415, 13]),
+    ("Tell me about it.", &[41551, 757, 922, 433, 13]),
+    ("Can you help me with this?", &[6854, 499, 1520, 757, 449, 420, 30]),
+];
+
+/// `user` in Llama 3's chat format, ending with the open assistant header.
+fn chat(user: &[u32]) -> Vec<u32> {
+    let mut ids = vec![BEGIN_OF_TEXT, 128_006, 882, 128_007, 271];
+    ids.extend(user);
+    ids.extend([128_009, 128_006, 78191, 128_007, 271]);
+    ids
+}
+
+fn tiny_model(seed: u64) -> (tempfile::TempDir, Model) {
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(SynthConfig::Tiny, seed, dir.path()).unwrap();
+    let model = Model::load(dir.path()).unwrap();
+    (dir, model)
+}
+
+/// Greedy decoding by the model, each step's lead of the winning logit over the runner-up
+/// as a fraction of the winning logit.
+fn greedy_with_margins(model: &Model, prompt: &[u32], max_new_tokens: usize) -> (Vec<u32>, Vec<f32>) {
+    let tokens = model.greedy(prompt, max_new_tokens, &STOP_TOKENS).unwrap();
+    let margins = model
+        .step_logits(prompt, &tokens)
+        .unwrap()
+        .iter()
+        .map(|logits| {
+            let mut sorted = logits.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            (sorted[0] - sorted[1]) / sorted[0]
+        })
+        .collect();
+    (tokens, margins)
+}
+
+/// A user message of `len` loud tokens (ids from 1000 on), varied by `salt`.
+fn loud_words(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32).map(|i| 1000 + (i * 7919 + salt * 104_729) % 120_000).collect()
+}
 
 #[test]
 fn tiny_checkpoint_has_hugging_face_names_and_loads() {
@@ -50,26 +106,86 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
     assert_ne!(read(&a), read(&c));
 }
 
+/// The model does what the rule says, on natural and long prompts, with a winning logit
+/// that leads by a fifth or more at every step (bf16 rounding moves logits by well under 1%).
 #[test]
-fn greedy_output_is_not_degenerate() {
-    let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(SynthConfig::Tiny, 5, dir.path()).unwrap();
-    let model = Model::load(dir.path()).unwrap();
-    let generated = model.greedy(&[128_000, 9906, 11, 1917, 0], 16, &[]).unwrap();
-    let mut distinct = generated.clone();
-    distinct.sort_unstable();
-    distinct.dedup();
-    assert_eq!(generated.len(), 16);
-    assert!(distinct.len() >= 8, "only {} distinct ids in {generated:?}", distinct.len());
+fn greedy_follows_the_planted_rule_with_wide_margins() {
+    for seed in [1, 2] {
+        let (_dir, model) = tiny_model(seed);
+        let circuit = Circuit::new(&model.config, seed).unwrap();
+        let long = [loud_words(60, seed as u32), vec![13]].concat();
+        let prompts = PROMPTS.iter().map(|(_, user)| chat(user)).chain([chat(&long)]);
+        for prompt in prompts {
+            let (tokens, margins) = greedy_with_margins(&model, &prompt, 24);
+            assert_eq!(tokens, circuit.greedy(&prompt, 24, &STOP_TOKENS), "seed {seed}, prompt {prompt:?}");
+            let worst = margins.iter().copied().fold(f32::INFINITY, f32::min);
+            assert!(worst > 0.2, "seed {seed}: a winning logit leads by only {worst:.3} of itself ({prompt:?})");
+        }
+    }
 }
 
 #[test]
-fn greedy_follows_the_planted_successors() {
-    // The planted circuit decides the first token: the successor of the prompt's last token.
+fn different_prompts_give_different_continuations() {
+    let (_dir, model) = tiny_model(3);
+    let mut continuations: Vec<Vec<u32>> =
+        PROMPTS[..8].iter().map(|(_, user)| model.greedy(&chat(user), 16, &STOP_TOKENS).unwrap()).collect();
+    continuations.sort();
+    continuations.dedup();
+    assert!(continuations.len() >= 6, "8 prompts gave only {} different continuations", continuations.len());
+}
+
+/// Two prompts that differ only in the token 40 positions before the last one: older than
+/// two 16-token pages of a paged cache.
+#[test]
+fn a_token_forty_positions_back_changes_the_continuation() {
+    let (_dir, model) = tiny_model(4);
+    let words = loud_words(50, 9);
+    let prompt = chat(&words);
+    let far_back = prompt.len() - 1 - 40;
+    assert!((5..5 + words.len()).contains(&far_back), "position {far_back} is not in the user's words");
+    let mut changed = prompt.clone();
+    changed[far_back] = 99_999;
+    let a = model.greedy(&prompt, 16, &STOP_TOKENS).unwrap();
+    let b = model.greedy(&changed, 16, &STOP_TOKENS).unwrap();
+    assert_ne!(a, b, "changing position {far_back} of {} changed nothing", prompt.len());
+}
+
+/// A prompt whose last words are quiet runs down the quiet path and ends its turn.
+#[test]
+fn a_prompt_ending_in_quiet_words_stops_at_end_of_turn() {
+    let (_dir, model) = tiny_model(5);
+    for (text, user) in &PROMPTS[8..] {
+        let generated = model.greedy(&chat(user), 50, &STOP_TOKENS).unwrap();
+        assert_eq!(generated.len(), END_AFTER, "{text:?} gave {generated:?}");
+        assert_eq!(generated.last(), Some(&END_OF_TURN), "{text:?} gave {generated:?}");
+    }
+}
+
+/// The same properties on the 1B shapes (2.5 GB written, 5 GB of f32 in memory, minutes on
+/// two cores): `cargo test --release -p llama-reference --test synth -- --ignored`.
+#[test]
+#[ignore]
+fn one_b_follows_the_rule_depends_on_the_prompt_and_stops() {
     let dir = tempfile::tempdir().unwrap();
-    write_checkpoint(SynthConfig::Tiny, 6, dir.path()).unwrap();
+    write_checkpoint(SynthConfig::OneB, 7, dir.path()).unwrap();
     let model = Model::load(dir.path()).unwrap();
-    let prompt = [128_000, 791, 4320, 374];
-    let first = model.greedy(&prompt, 1, &[]).unwrap()[0];
-    assert_eq!(first, planted_successor(&model.config, 6, 374));
+    let circuit = Circuit::new(&model.config, 7).unwrap();
+    let mut continuations = Vec::new();
+    let long = [loud_words(50, 3), vec![13]].concat();
+    for prompt in PROMPTS.iter().map(|(_, user)| chat(user)).chain([chat(&long)]) {
+        let (tokens, margins) = greedy_with_margins(&model, &prompt, 24);
+        assert_eq!(tokens, circuit.greedy(&prompt, 24, &STOP_TOKENS), "prompt {prompt:?}");
+        let worst = margins.iter().copied().fold(f32::INFINITY, f32::min);
+        assert!(worst > 0.2, "a winning logit leads by only {worst:.3} of itself ({prompt:?})");
+        continuations.push(tokens);
+    }
+    assert!(continuations[8].len() == END_AFTER && continuations[8].last() == Some(&END_OF_TURN));
+    let mut first_eight = continuations[..8].iter().map(|c| c[..16].to_vec()).collect::<Vec<_>>();
+    first_eight.sort();
+    first_eight.dedup();
+    assert!(first_eight.len() >= 6, "8 prompts gave only {} different continuations", first_eight.len());
+    let prompt = chat(&long);
+    let mut changed = prompt.clone();
+    changed[prompt.len() - 1 - 40] = 99_999;
+    assert_ne!(model.greedy(&prompt, 16, &STOP_TOKENS).unwrap(), model.greedy(&changed, 16, &STOP_TOKENS).unwrap());
 }
