@@ -4,6 +4,7 @@
 //! format as token ids, each beside its piece of text, and the round trip back to text.
 //! Subcommands `encode`, `decode` and `chat` expose the tokenizer on its own.
 
+mod check;
 mod checkpoint;
 mod config;
 mod tokenizer;
@@ -136,18 +137,17 @@ fn run(cli: Cli) -> Result<()> {
     );
     if cli.check {
         let checked = weights::check_against_file(&stream, &checkpoint, &weights)?;
-        println!(
-            "check: {} tensors' start, middle and end ({} bytes) read back from the GPU vs the file: \
-             max abs error {}, relative error {} (limit 0): {}",
-            checked.tensors,
-            checked.bytes,
-            checked.max_abs_error,
-            checked.relative_error,
-            if checked.differing == 0 { "PASS" } else { "FAIL" }
+        let mut checks = check::Checks::default();
+        checks.record(
+            &format!(
+                "{} tensors' start, middle and end ({} bytes) read back from the GPU vs the file",
+                checked.tensors, checked.bytes
+            ),
+            &checked.summary(),
+            "0 differing values",
+            checked.differing == 0,
         );
-        if let Some(first) = checked.first_difference {
-            bail!("{} values differ between the GPU and the file, the first: {first}", checked.differing);
-        }
+        checks.finish()?;
     }
     show_prompt(&tokenizer, cli.system.as_deref(), prompt)
 }

@@ -1,8 +1,13 @@
-//! Comparing what the GPU computed with the CPU reference (`llama-reference`).
+//! The verdicts of `--check`, in one line format that `cargo x gpu-check` reads:
 //!
-//! Every `--check` prints one line per comparison, in a form `cargo x gpu-check` reads:
-//! `check: WHAT: max abs error A, relative error R (limit L): PASS`. All comparisons run
-//! and print before the program fails, so one run shows every result.
+//! ```text
+//! check: WHAT: MEASURED (limit LIMIT): PASS
+//! ```
+//!
+//! WHAT names the comparison, MEASURED says what was found, LIMIT what is allowed; the
+//! verdict is PASS or FAIL. Every comparison runs and prints before the program fails, so
+//! one run shows every result. From this chapter on, most comparisons are between what
+//! the GPU computed and the CPU reference (`llama-reference`).
 
 use anyhow::{Result, bail};
 use half::bf16;
@@ -24,40 +29,50 @@ pub fn measure(gpu: &[f32], reference: &[f32]) -> Error {
     let relative = if scale > 0.0 { max_abs / scale } else { max_abs };
     Error { max_abs, relative, nan_count }
 }
+
+impl Error {
+    /// What was found, for the check line.
+    pub fn summary(&self) -> String {
+        let nans = if self.nan_count > 0 { format!(", {} NaN", self.nan_count) } else { String::new() };
+        format!("max abs error {:.3e}, relative error {:.3e}{nans}", self.max_abs, self.relative)
+    }
+}
 // ANCHOR_END: measure
 
 // ANCHOR: checks
-/// The comparisons of one `--check` run.
+/// The verdicts of one `--check` run.
 #[derive(Default)]
 pub struct Checks {
     failed: Vec<String>,
 }
 
 impl Checks {
+    /// Prints one verdict line and remembers a failure.
+    pub fn record(&mut self, what: &str, measured: &str, limit: &str, pass: bool) {
+        // The line's fields are separated by ": ", so WHAT must not contain one.
+        let what = what.replace(": ", " - ");
+        println!("check: {what}: {measured} (limit {limit}): {}", if pass { "PASS" } else { "FAIL" });
+        if !pass {
+            self.failed.push(what);
+        }
+    }
+
     /// Compares a GPU result with the reference: it passes when the relative error is
     /// within `limit` and there is no NaN.
     pub fn compare(&mut self, what: &str, gpu: &[f32], reference: &[f32], limit: f32) {
         if gpu.len() != reference.len() {
-            println!("check: {what}: the GPU produced {} values, the reference {}: FAIL", gpu.len(), reference.len());
-            self.failed.push(what.to_string());
+            let measured = format!("the GPU produced {} values, the reference {}", gpu.len(), reference.len());
+            self.record(what, &measured, "equal counts", false);
             return;
         }
-        self.record(what, measure(gpu, reference), limit);
+        self.record_error(what, &measure(gpu, reference), limit);
     }
 
-    /// Prints one check line for an already measured error.
-    pub fn record(&mut self, what: &str, error: Error, limit: f32) {
+    /// The verdict on an already measured error: no NaN, relative error within `limit`.
+    pub fn record_error(&mut self, what: &str, error: &Error, limit: f32) {
         let pass = error.nan_count == 0 && error.relative <= limit;
-        let nans = if error.nan_count > 0 { format!(", {} NaN", error.nan_count) } else { String::new() };
-        println!(
-            "check: {what}: max abs error {:.3e}, relative error {:.3e} (limit {limit:.0e}){nans}: {}",
-            error.max_abs,
-            error.relative,
-            if pass { "PASS" } else { "FAIL" }
-        );
-        if !pass {
-            self.failed.push(what.to_string());
-        }
+        let limit = if limit == 0.0 { "0, exact".to_string() } else { format!("{limit:.1e} relative") };
+        self.record(what, &error.summary(), &limit, pass);
     }
 
     /// Fails if any comparison failed.

@@ -49,8 +49,23 @@ pub fn decoder_layer(
     positions: &CudaSlice<u32>,
     x: &mut CudaSlice<bf16>,
 ) -> Result<()> {
+    attention_sublayer(gpu, layer, config, inv_freq, positions, x)?;
+    mlp_sublayer(gpu, layer, config, x)
+}
+// ANCHOR_END: decoder_layer
+
+// ANCHOR: sublayers
+/// The attention sublayer (chapters 4–6): `x += o_proj(attention(rope(q), rope(k), v))`
+/// with q, k, v projected from `rms_norm(x)`.
+pub fn attention_sublayer(
+    gpu: &Gpu,
+    layer: &LayerWeights,
+    config: &Config,
+    inv_freq: &CudaSlice<f32>,
+    positions: &CudaSlice<u32>,
+    x: &mut CudaSlice<bf16>,
+) -> Result<()> {
     let hidden = config.hidden_size;
-    // Attention sublayer (chapters 4–6).
     let normed = ops::rms_norm(gpu, x, &layer.input_layernorm, config)?;
     let mut q = ops::linear(gpu, &normed, &layer.q_proj, hidden)?;
     let mut k = ops::linear(gpu, &normed, &layer.k_proj, hidden)?;
@@ -58,14 +73,26 @@ pub fn decoder_layer(
     ops::rope(gpu, &mut q, positions, inv_freq, config.num_attention_heads, config)?;
     ops::rope(gpu, &mut k, positions, inv_freq, config.num_key_value_heads, config)?;
     let attended = ops::attention_prefill(gpu, &q, &k, &v, config)?;
-    ops::linear_add(gpu, &attended, &layer.o_proj, config.num_attention_heads * config.head_dim, x)?;
+    ops::linear_add(gpu, &attended, &layer.o_proj, config.num_attention_heads * config.head_dim, x)
+}
 
-    // MLP sublayer: widen to 8,192 twice, gate one with the other, narrow back.
+/// The MLP sublayer: `x += down_proj(silu(gate_proj(h)) * up_proj(h))` with `h = rms_norm(x)`:
+/// widen to 8,192 twice, gate one with the other, narrow back.
+pub fn mlp_sublayer(gpu: &Gpu, layer: &LayerWeights, config: &Config, x: &mut CudaSlice<bf16>) -> Result<()> {
+    let hidden = config.hidden_size;
     let normed = ops::rms_norm(gpu, x, &layer.post_attention_layernorm, config)?;
     let gate = ops::linear(gpu, &normed, &layer.gate_proj, hidden)?;
     let up = ops::linear(gpu, &normed, &layer.up_proj, hidden)?;
     let activation = ops::swiglu(gpu, &gate, &up)?;
-    ops::linear_add(gpu, &activation, &layer.down_proj, config.intermediate_size, x)?;
-    Ok(())
+    ops::linear_add(gpu, &activation, &layer.down_proj, config.intermediate_size, x)
 }
-// ANCHOR_END: decoder_layer
+
+/// bf16 roundings between the attention sublayer's input and its change to `x`, counted
+/// once on every path: the normed input (on the value's path, the query's and the key's),
+/// q, k and v, RoPE of q and of k, and the attention output. (o_proj adds to `x` in fp32;
+/// the sum's own rounding is the stream's, counted apart.) The check's limits use it.
+pub const ATTENTION_ROUNDINGS: usize = 9;
+/// The same for the MLP: the normed input (on the gate's path and the up path), gate and
+/// up, and the activation.
+pub const MLP_ROUNDINGS: usize = 5;
+// ANCHOR_END: sublayers

@@ -154,6 +154,11 @@ pub fn rope(
 // ANCHOR_END: rope
 
 // ANCHOR: attention
+/// The most keys [`attention_prefill`] can score: one fp32 score per key sits in shared
+/// memory, beside the kernel's own 1 KiB query buffer (MAX_HEAD_DIM floats), and a block
+/// may use 48 KiB.
+pub const ATTENTION_MAX_KEYS: usize = (48 * 1024 - 256 * std::mem::size_of::<f32>()) / std::mem::size_of::<f32>();
+
 /// Causal grouped-query attention over a whole prompt: q `[tokens, q_heads · head_dim]`,
 /// k and v `[tokens, kv_heads · head_dim]` → `[tokens, q_heads · head_dim]`.
 pub fn attention_prefill(
@@ -165,13 +170,8 @@ pub fn attention_prefill(
 ) -> Result<CudaSlice<bf16>> {
     let tokens = q.len() / (config.num_attention_heads * config.head_dim);
     ensure!(config.head_dim <= 256, "the attention kernel handles head_dim up to 256");
-    // One fp32 score per key sits in shared memory, beside the kernel's own 1 KiB query
-    // buffer (MAX_HEAD_DIM floats); a block may use 48 KiB: room for about 12,000 keys.
+    ensure!(tokens <= ATTENTION_MAX_KEYS, "{tokens} tokens is too many for one attention block's shared memory");
     let scores_bytes = tokens * std::mem::size_of::<f32>();
-    ensure!(
-        scores_bytes + 256 * std::mem::size_of::<f32>() <= 48 * 1024,
-        "{tokens} tokens is too many for one attention block's shared memory"
-    );
     let mut out = gpu.alloc_nan::<bf16>(q.len())?;
     let (q_heads, kv_heads, head_dim) =
         (config.num_attention_heads as i32, config.num_key_value_heads as i32, config.head_dim as i32);

@@ -31,14 +31,23 @@ pub struct Args {
     /// Meta's tokenizer.model, for chapters 2 and later [default: they look for it themselves].
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// Check only these chapters (e.g. `--only 07`; repeatable) [default: all].
+    #[arg(long, value_name = "NN")]
+    only: Vec<String>,
+    /// Leave out the comparison with transformers' own bf16 drift on the fixed set of models.
+    #[arg(long)]
+    no_drift: bool,
+    /// Where to write the fixed set's models, one at a time (2.5 GB each).
+    #[arg(long, default_value = "/tmp/gpu-check-drift")]
+    drift_dir: PathBuf,
 }
 
-/// One line of the final table.
+/// One line of the final table: a chapter's `check:` line, or a note of ours.
 struct Row {
     chapter: String,
     what: String,
-    max_abs: String,
-    relative: String,
+    measured: String,
+    limit: String,
     verdict: String,
 }
 
@@ -51,7 +60,8 @@ pub fn run(args: Args) -> Result<()> {
     let prompt = random_prompt(seed);
     println!("gpu-check: prompt {prompt:?}");
     let mut rows = Vec::new();
-    for (folder, _) in paths::chapters()? {
+    let chosen = |folder: &str| args.only.is_empty() || args.only.iter().any(|nn| folder.starts_with(nn.as_str()));
+    for (folder, _) in paths::chapters()?.into_iter().filter(|(folder, _)| chosen(folder)) {
         let name = paths::package_name(&folder);
         let binary = args.bin_dir.join(&name);
         if !binary.exists() {
@@ -75,9 +85,14 @@ pub fn run(args: Args) -> Result<()> {
             rows.extend(long.into_iter().map(|row| Row { what: format!("{} [~2,010-token prompt]", row.what), ..row }));
         }
     }
-    if let Some(engine) = latest_generating_chapter(&args.bin_dir)? {
-        let prompts = [prompt.clone(), "Say hello.".to_string(), "Write a haiku about GPUs.".to_string()];
+    let engine = latest_generating_chapter(&args.bin_dir)?;
+    let engine_chosen = |e: &PathBuf| e.file_name().and_then(|n| n.to_str()?.strip_prefix("ch")).is_some_and(chosen);
+    if let Some(engine) = engine.filter(engine_chosen) {
+        let prompts = [prompt.clone(), "Say hello.".to_string(), "Tell me about it.".to_string()];
         rows.extend(transformers_agreement(&engine, &model, args.tokenizer.as_deref(), &prompts)?);
+        if !args.no_drift {
+            rows.extend(drift_ratios(&engine, &args.drift_dir, args.tokenizer.as_deref())?);
+        }
     }
     print_table(&rows, &model, seed, &prompt, args.model.is_some());
     let failed = rows.iter().filter(|r| r.verdict == "FAIL").count();
@@ -211,19 +226,118 @@ fn transformers_agreement(
         };
         rows.push(Row {
             chapter: name.clone(),
-            what: format!(
-                "greedy ids vs transformers {dtype} generate(), prompt {:?} ({} tokens)",
-                prompts[index],
-                theirs.len()
-            ),
-            max_abs: differing.to_string(),
-            relative: format!("{differing} (limit 0, differing ids)"),
+            what: format!("greedy ids vs transformers {dtype} generate(), prompt {:?}", prompts[index]),
+            measured: format!("{differing} of {} ids differ", theirs.len().max(ours[index].len())),
+            limit: "0".into(),
             verdict: verdict.to_string(),
         });
     }
     if rows.is_empty() {
         bail!("hf_greedy.py printed no results:\n{hf}");
     }
+    Ok(rows)
+}
+
+/// The fixed set of models on which our end-to-end error is compared with transformers' own.
+const DRIFT_SEEDS: [u64; 3] = [1, 2, 3];
+const DRIFT_PROMPT: &str = "Explain why the sky is blue.";
+/// Our error may be at most this many times transformers' bf16 drift.
+const DRIFT_RATIO_LIMIT: f64 = 1.5;
+
+/// A model of the fixed set, written into `dir`.
+enum DriftModel {
+    Synthetic(u64),
+    /// transformers' own random initialisation, with Meta's config.json text.
+    TransformersInit,
+    /// The same with outlier activations planted.
+    Outliers,
+}
+
+impl DriftModel {
+    fn name(&self) -> String {
+        match self {
+            DriftModel::Synthetic(seed) => format!("synthetic 1B seed {seed}"),
+            DriftModel::TransformersInit => "transformers-initialised 1B".to_string(),
+            DriftModel::Outliers => "transformers-initialised 1B with outliers".to_string(),
+        }
+    }
+
+    fn write(&self, dir: &Path) -> Result<()> {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).with_context(|| format!("cannot clear {}", dir.display()))?;
+        }
+        match self {
+            DriftModel::Synthetic(seed) => {
+                write_checkpoint(SynthConfig::OneB, *seed, dir)?;
+            }
+            DriftModel::TransformersInit | DriftModel::Outliers => {
+                std::fs::create_dir_all(dir)?;
+                std::fs::write(dir.join("config.json"), SynthConfig::OneB.config_json())?;
+                let script = paths::root().join("shared/reference/python/hf_random_model.py");
+                let mut python = Command::new("python3");
+                python.arg(&script).arg("--out").arg(dir);
+                if matches!(self, DriftModel::Outliers) {
+                    python.arg("--outliers");
+                }
+                print!("{}", capture(&mut python)?);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// On each model of the fixed set: the engine's own `--check` rows, and its end-to-end
+/// logits error divided by transformers' bf16-vs-fp32 drift on the same ids, which must be
+/// at most [`DRIFT_RATIO_LIMIT`]: our limits come from arithmetic, and this shows the
+/// arithmetic is no worse than what people otherwise run.
+fn drift_ratios(engine: &Path, dir: &Path, tokenizer: Option<&Path>) -> Result<Vec<Row>> {
+    let name = engine.file_name().unwrap().to_string_lossy().into_owned();
+    let torch = Command::new("python3").args(["-c", "import torch, transformers"]).output();
+    if !torch.is_ok_and(|o| o.status.success()) {
+        return Ok(vec![Row::note(
+            &name,
+            "bf16 drift vs transformers: python3 with torch + transformers not found",
+            "SKIPPED",
+        )]);
+    }
+    let tokenizer_args: Vec<String> =
+        tokenizer.map(|t| vec!["--tokenizer".to_string(), t.display().to_string()]).unwrap_or_default();
+    let ids = capture(Command::new(engine).args(&tokenizer_args).args(["chat", DRIFT_PROMPT]))?.trim().to_string();
+    let mut models: Vec<DriftModel> = DRIFT_SEEDS.iter().map(|&seed| DriftModel::Synthetic(seed)).collect();
+    models.extend([DriftModel::TransformersInit, DriftModel::Outliers]);
+    let mut rows = Vec::new();
+    for model in models {
+        println!("gpu-check: writing the {} to {}", model.name(), dir.display());
+        model.write(dir)?;
+        let mut args = vec!["--model".to_string(), dir.display().to_string(), "--check".to_string()];
+        args.extend(tokenizer_args.iter().cloned());
+        args.extend([DRIFT_PROMPT.to_string(), "8".to_string()]);
+        let checked = run_chapter(&name, engine, &args)?;
+        let ours = checked
+            .iter()
+            .find(|r| r.what.starts_with("logits of the prompt's last position"))
+            .and_then(Row::relative_error);
+        rows.extend(checked.into_iter().map(|row| Row { what: format!("{} [{}]", row.what, model.name()), ..row }));
+        let script = paths::root().join("shared/reference/python/hf_bf16_drift.py");
+        let drift = capture(Command::new("python3").arg(&script).arg("--model").arg(dir).args(["--prompt-ids", &ids]))?;
+        print!("{drift}");
+        let theirs = drift.split("last-position logits ").nth(1).and_then(|t| t.trim().parse::<f64>().ok());
+        let what = format!("end-to-end logits error / transformers' bf16 drift [{}]", model.name());
+        rows.push(match (ours, theirs) {
+            (Some(ours), Some(theirs)) => {
+                let ratio = ours / theirs;
+                Row {
+                    chapter: name.clone(),
+                    what,
+                    measured: format!("ours {ours:.2e}, transformers bf16 {theirs:.2e}: ratio {ratio:.2}"),
+                    limit: format!("{DRIFT_RATIO_LIMIT}"),
+                    verdict: if ratio <= DRIFT_RATIO_LIMIT { "PASS" } else { "FAIL" }.to_string(),
+                }
+            }
+            _ => Row::note(&name, &format!("{what}: a figure is missing"), "FAIL"),
+        });
+    }
+    std::fs::remove_dir_all(dir).ok();
     Ok(rows)
 }
 
@@ -264,25 +378,31 @@ impl Row {
         Row {
             chapter: chapter.to_string(),
             what: what.to_string(),
-            max_abs: "-".into(),
-            relative: "-".into(),
+            measured: "-".into(),
+            limit: "-".into(),
             verdict: verdict.into(),
         }
     }
 
-    /// Parses `check: WHAT: max abs error A, relative error R (limit L): VERDICT`.
+    /// Parses `check: WHAT: MEASURED (limit LIMIT): VERDICT` (WHAT holds no ": ").
     fn parse(chapter: &str, line: &str) -> Option<Row> {
         let body = line.strip_prefix("check: ")?;
         let (rest, verdict) = body.rsplit_once(": ")?;
-        let (what, errors) = rest.rsplit_once(": max abs error ")?;
-        let (max_abs, relative) = errors.split_once(", relative error ")?;
+        let (rest, limit) = rest.strip_suffix(')')?.rsplit_once(" (limit ")?;
+        let (what, measured) = rest.split_once(": ")?;
         Some(Row {
             chapter: chapter.to_string(),
             what: what.to_string(),
-            max_abs: max_abs.to_string(),
-            relative: relative.to_string(),
+            measured: measured.to_string(),
+            limit: limit.to_string(),
             verdict: verdict.trim().to_string(),
         })
+    }
+
+    /// The number after `relative error ` in the measured field.
+    fn relative_error(&self) -> Option<f64> {
+        let after = self.measured.split("relative error ").nth(1)?;
+        after.split([',', ' ']).next()?.parse().ok()
     }
 }
 
@@ -290,36 +410,23 @@ fn print_table(rows: &[Row], model: &Path, seed: u64, prompt: &str, given_model:
     println!();
     let source = if given_model { format!("{}", model.display()) } else { format!("synthetic 1B, seed {seed}") };
     println!("gpu-check on {source}, prompt {prompt:?}");
-    let widths = [
-        rows.iter().map(|r| r.chapter.len()).max().unwrap_or(0).max(7),
-        rows.iter().map(|r| r.what.len()).max().unwrap_or(0).max(8),
-        rows.iter().map(|r| r.max_abs.len()).max().unwrap_or(0).max(13),
-        rows.iter().map(|r| r.relative.len()).max().unwrap_or(0).max(14),
-    ];
-    let line = |cells: [&str; 5]| {
-        println!(
-            "| {:<w0$} | {:<w1$} | {:>w2$} | {:>w3$} | {} |",
-            cells[0],
-            cells[1],
-            cells[2],
-            cells[3],
-            cells[4],
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2],
-            w3 = widths[3]
-        )
-    };
-    line(["chapter", "compared", "max abs error", "relative error", "result"]);
-    println!(
-        "|{}|{}|{}|{}|--------|",
-        "-".repeat(widths[0] + 2),
-        "-".repeat(widths[1] + 2),
-        "-".repeat(widths[2] + 2),
-        "-".repeat(widths[3] + 2)
-    );
+    let cells = |r: &Row| [r.chapter.clone(), r.what.clone(), r.measured.clone(), r.limit.clone(), r.verdict.clone()];
+    let header = ["chapter", "compared", "measured", "limit", "result"].map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
     for row in rows {
-        line([&row.chapter, &row.what, &row.max_abs, &row.relative, &row.verdict]);
+        for (width, cell) in widths.iter_mut().zip(cells(row)) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: [String; 5]| {
+        let padded: Vec<String> =
+            cells.iter().zip(widths).map(|(c, w)| format!("{c}{}", " ".repeat(w - c.chars().count()))).collect();
+        println!("| {} |", padded.join(" | "));
+    };
+    line(header);
+    println!("|{}|", widths.map(|w| "-".repeat(w + 2)).join("|"));
+    for row in rows {
+        line(cells(row));
     }
 }
 
@@ -331,13 +438,20 @@ mod tests {
     fn parses_check_lines() {
         let row = Row::parse(
             "ch04-rmsnorm",
-            "check: layer 0 input_layernorm, 24 rows: max abs error 3.1e-2, relative error 2.0e-3 (limit 1e-2): PASS",
+            "check: layer 0 input_layernorm, 24 rows: max abs error 3.1e-2, relative error 2.0e-3 (limit 1.0e-2 relative): PASS",
         )
         .unwrap();
         assert_eq!(row.what, "layer 0 input_layernorm, 24 rows");
-        assert_eq!(row.max_abs, "3.1e-2");
-        assert_eq!(row.relative, "2.0e-3 (limit 1e-2)");
+        assert_eq!(row.measured, "max abs error 3.1e-2, relative error 2.0e-3");
+        assert_eq!(row.limit, "1.0e-2 relative");
         assert_eq!(row.verdict, "PASS");
+        assert_eq!(row.relative_error(), Some(2.0e-3));
+        let tokens = Row::parse("ch07-mlp", "check: all 8 greedy tokens: 1 of 8 ids differ (limit 0): FAIL").unwrap();
+        assert_eq!(
+            (tokens.measured.as_str(), tokens.limit.as_str(), tokens.verdict.as_str()),
+            ("1 of 8 ids differ", "0", "FAIL")
+        );
+        assert_eq!(tokens.relative_error(), None);
         assert!(Row::parse("x", "upload 2.47 GB").is_none());
     }
 }
