@@ -190,8 +190,8 @@ impl RoundingBudget {
 
 // ANCHOR: growth
 /// How large the reference's residual stream and each sublayer's change to it are on one
-/// sequence (largest magnitudes): the sizes the limits scale the roundings by. They come
-/// from the reference alone, so the limits are the same on every machine.
+/// sequence (largest magnitudes): the sizes the end-to-end limit scales the roundings by.
+/// They come from the reference alone, so the limits are the same on every machine.
 pub struct Growth {
     /// Every sublayer in order (attention, MLP, attention, …).
     pub sublayers: Vec<SublayerSize>,
@@ -222,17 +222,6 @@ impl Growth {
         Ok(Growth { sublayers })
     }
 
-    /// The limit for sublayer `index`'s change, among `values` values: its own roundings,
-    /// at the size of the change, and the rounding of the stream it is added to, at the
-    /// stream's size. A change much smaller than the stream cannot be checked finer.
-    pub fn sublayer_limit(&self, index: usize, values: usize) -> f32 {
-        let sublayer = &self.sublayers[index];
-        let mut budget = RoundingBudget::default();
-        budget.add(sublayer.roundings, 1.0);
-        budget.add(1, sublayer.stream / sublayer.change);
-        budget.limit(values)
-    }
-
     /// The limit for logits computed from the tokens, among `values` logits: every
     /// sublayer's roundings and every rounding of the stream, relative to the final stream,
     /// then the final norm's output. (The LM head is fp32 and adds no rounding; an error in
@@ -247,6 +236,27 @@ impl Growth {
         budget.add(1, 1.0);
         budget.limit(values)
     }
+}
+
+/// How close the residual add `output = input + change` came to exact, as a fraction of
+/// what its roundings allow: half a bf16 step of the output, and as much again at the size
+/// of the change, for its own rounding and for the two products' fp32 sums, which need not
+/// add in the same order. Above 1, the add itself is wrong.
+pub fn residual_add_error(input: &[f32], output: &[f32], change: &[f32]) -> f32 {
+    let mut worst = 0.0f32;
+    for ((i, o), c) in input.iter().zip(output).zip(change) {
+        let allowed = BF16_ROUNDING as f32 * (o.abs() + 2.0 * c.abs());
+        let gap = (o - i - c).abs();
+        let ratio = if allowed > 0.0 {
+            gap / allowed
+        } else if gap > 0.0 {
+            f32::INFINITY
+        } else {
+            0.0
+        };
+        worst = worst.max(if ratio.is_nan() { f32::INFINITY } else { ratio });
+    }
+    worst
 }
 
 impl SublayerSize {

@@ -264,7 +264,7 @@ fn check_against_reference(
         0.0,
     );
 
-    check_sublayers(gpu, weights, config, inv_freq, &reference, &growth, &mut x, &mut checks)?;
+    check_sublayers(gpu, weights, config, inv_freq, &reference, &mut x, &mut checks)?;
 
     // From the tokens, as a user sees it: the bf16 rounding of all layers included.
     let logits_limit = growth.logits_limit(config.vocab_size);
@@ -287,57 +287,78 @@ fn check_against_reference(
     checks.finish()
 }
 
-/// Each sublayer's change to the stream, on the GPU's own input to it, against the
-/// reference's change on that same input: so each measurement is that sublayer's own
-/// error, not the drift of the ones before. Reports the sublayer nearest its limit.
-#[allow(clippy::too_many_arguments)]
+/// Each sublayer's change to the stream (its output projection's product, before the
+/// residual add), on the GPU's own input to it, against the reference's change on that same
+/// input: so each measurement is that sublayer's own error, not the drift of the ones
+/// before. Then the residual add itself, against the roundings it allows. Reports the
+/// sublayer nearest its limit.
 fn check_sublayers(
     gpu: &Gpu,
     weights: &Weights,
     config: &Config,
     inv_freq: &CudaSlice<f32>,
     reference: &llama_reference::Model,
-    growth: &check::Growth,
     x: &mut CudaSlice<bf16>,
     checks: &mut check::Checks,
 ) -> Result<()> {
     let rows = x.len() / config.hidden_size;
     let positions: Vec<usize> = (0..rows).collect();
     let positions_on_gpu = gpu.stream.clone_htod(&positions.iter().map(|&p| p as u32).collect::<Vec<u32>>())?;
-    let read = |x: &CudaSlice<bf16>| -> Result<Matrix> {
-        Ok(Matrix::from_vec(rows, config.hidden_size, check::to_f32(&gpu.stream.clone_dtoh(x)?)))
-    };
-    // (how far past its limit, layer, sublayer name, error, limit) of the worst sublayer.
-    let mut worst: Option<(f32, usize, &str, check::Error, f32)> = None;
+    let read = |x: &CudaSlice<bf16>| -> Result<Vec<f32>> { Ok(check::to_f32(&gpu.stream.clone_dtoh(x)?)) };
+    let q_dim = config.num_attention_heads * config.head_dim;
+    // (how far toward its limit, which sublayer, error, limit) of the worst change, and the worst add.
+    let mut worst_change: Option<(f32, String, check::Error, f32)> = None;
+    let mut worst_add = (0.0f32, String::new());
     for (index, (layer, reference_layer)) in weights.layers.iter().zip(&reference.layers).enumerate() {
-        for (name, sublayer) in [("attention", 2 * index), ("MLP", 2 * index + 1)] {
-            let input = read(x)?;
-            let expected = if name == "attention" {
+        for name in ["attention", "MLP"] {
+            let input = x.clone();
+            let mut change = gpu.stream.alloc_zeros::<bf16>(x.len())?;
+            let input_rows = Matrix::from_vec(rows, config.hidden_size, read(&input)?);
+            let (expected, roundings) = if name == "attention" {
                 model::attention_sublayer(gpu, layer, config, inv_freq, &positions_on_gpu, x)?;
+                let attended = model::attention(gpu, layer, config, inv_freq, &positions_on_gpu, &input)?;
+                ops::linear_add(gpu, &attended, &layer.o_proj, q_dim, &mut change)?;
                 let mut cache = LayerCache::default();
-                reference_layer.attention_block(&reference.config, &reference.inv_freq, &input, &positions, &mut cache)
+                let out = reference_layer.attention_block(
+                    &reference.config,
+                    &reference.inv_freq,
+                    &input_rows,
+                    &positions,
+                    &mut cache,
+                );
+                (out, model::ATTENTION_ROUNDINGS)
             } else {
                 model::mlp_sublayer(gpu, layer, config, x)?;
-                reference_layer.mlp_block(&reference.config, &input)
+                let activation = model::mlp_activation(gpu, layer, config, &input)?;
+                ops::linear_add(gpu, &activation, &layer.down_proj, config.intermediate_size, &mut change)?;
+                (reference_layer.mlp_block(&reference.config, &input_rows), model::MLP_ROUNDINGS)
             };
-            let output = read(x)?;
-            let change = |out: &Matrix| -> Vec<f32> { out.data.iter().zip(&input.data).map(|(o, i)| o - i).collect() };
-            let error = check::measure(&change(&output), &change(&expected));
-            let limit = growth.sublayer_limit(sublayer, output.data.len());
+            let (output, change) = (read(x)?, read(&change)?);
+            let expected_change: Vec<f32> = expected.data.iter().zip(&input_rows.data).map(|(o, i)| o - i).collect();
+            let error = check::measure(&change, &expected_change);
+            let mut budget = check::RoundingBudget::default();
+            budget.add(roundings, 1.0);
+            let limit = budget.limit(change.len());
+            let which = format!("layer {index}'s {name}");
             // NaN anywhere is worse than any finite error.
-            let excess = if error.nan_count > 0 { f32::INFINITY } else { error.relative / limit };
-            if worst.as_ref().is_none_or(|w| excess > w.0) {
-                worst = Some((excess, index, name, error, limit));
+            let toward = if error.nan_count > 0 { f32::INFINITY } else { error.relative / limit };
+            if worst_change.as_ref().is_none_or(|w| toward > w.0) {
+                worst_change = Some((toward, which.clone(), error, limit));
+            }
+            let add = check::residual_add_error(&input_rows.data, &output, &change);
+            if add >= worst_add.0 {
+                worst_add = (add, which);
             }
         }
     }
-    if let Some((_, index, name, error, limit)) = worst {
-        let what = format!(
-            "each of the {} sublayers' change on its GPU input (nearest its limit: layer {index}'s {name})",
-            2 * weights.layers.len()
-        );
+    let sublayers = 2 * weights.layers.len();
+    if let Some((_, which, error, limit)) = worst_change {
+        let what = format!("each of the {sublayers} sublayers' change on its GPU input (nearest its limit - {which})");
         checks.record_error(&what, &error, limit);
     }
+    let (add, which) = worst_add;
+    let what = format!("each of the {sublayers} residual adds, output - input - change (worst - {which})");
+    checks.record(&what, &format!("{add:.2} of what its roundings allow"), "1", add <= 1.0);
     Ok(())
 }
 // ANCHOR_END: check_against_reference

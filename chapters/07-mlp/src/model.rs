@@ -55,8 +55,7 @@ pub fn decoder_layer(
 // ANCHOR_END: decoder_layer
 
 // ANCHOR: sublayers
-/// The attention sublayer (chapters 4–6): `x += o_proj(attention(rope(q), rope(k), v))`
-/// with q, k, v projected from `rms_norm(x)`.
+/// The attention sublayer (chapters 4–6): `x += o_proj(attention(x))`.
 pub fn attention_sublayer(
     gpu: &Gpu,
     layer: &LayerWeights,
@@ -65,6 +64,20 @@ pub fn attention_sublayer(
     positions: &CudaSlice<u32>,
     x: &mut CudaSlice<bf16>,
 ) -> Result<()> {
+    let attended = attention(gpu, layer, config, inv_freq, positions, x)?;
+    ops::linear_add(gpu, &attended, &layer.o_proj, config.num_attention_heads * config.head_dim, x)
+}
+
+/// Attention before its output projection: `attention(rope(q), rope(k), v)` with q, k, v
+/// projected from `rms_norm(x)`.
+pub fn attention(
+    gpu: &Gpu,
+    layer: &LayerWeights,
+    config: &Config,
+    inv_freq: &CudaSlice<f32>,
+    positions: &CudaSlice<u32>,
+    x: &CudaSlice<bf16>,
+) -> Result<CudaSlice<bf16>> {
     let hidden = config.hidden_size;
     let normed = ops::rms_norm(gpu, x, &layer.input_layernorm, config)?;
     let mut q = ops::linear(gpu, &normed, &layer.q_proj, hidden)?;
@@ -72,27 +85,36 @@ pub fn attention_sublayer(
     let v = ops::linear(gpu, &normed, &layer.v_proj, hidden)?;
     ops::rope(gpu, &mut q, positions, inv_freq, config.num_attention_heads, config)?;
     ops::rope(gpu, &mut k, positions, inv_freq, config.num_key_value_heads, config)?;
-    let attended = ops::attention_prefill(gpu, &q, &k, &v, config)?;
-    ops::linear_add(gpu, &attended, &layer.o_proj, config.num_attention_heads * config.head_dim, x)
+    ops::attention_prefill(gpu, &q, &k, &v, config)
 }
 
-/// The MLP sublayer: `x += down_proj(silu(gate_proj(h)) * up_proj(h))` with `h = rms_norm(x)`:
-/// widen to 8,192 twice, gate one with the other, narrow back.
+/// The MLP sublayer: `x += down_proj(mlp_activation(x))`.
 pub fn mlp_sublayer(gpu: &Gpu, layer: &LayerWeights, config: &Config, x: &mut CudaSlice<bf16>) -> Result<()> {
+    let activation = mlp_activation(gpu, layer, config, x)?;
+    ops::linear_add(gpu, &activation, &layer.down_proj, config.intermediate_size, x)
+}
+
+/// The MLP before its down projection: `silu(gate_proj(h)) * up_proj(h)` with
+/// `h = rms_norm(x)`: widen to 8,192 twice and gate one with the other.
+pub fn mlp_activation(
+    gpu: &Gpu,
+    layer: &LayerWeights,
+    config: &Config,
+    x: &CudaSlice<bf16>,
+) -> Result<CudaSlice<bf16>> {
     let hidden = config.hidden_size;
     let normed = ops::rms_norm(gpu, x, &layer.post_attention_layernorm, config)?;
     let gate = ops::linear(gpu, &normed, &layer.gate_proj, hidden)?;
     let up = ops::linear(gpu, &normed, &layer.up_proj, hidden)?;
-    let activation = ops::swiglu(gpu, &gate, &up)?;
-    ops::linear_add(gpu, &activation, &layer.down_proj, config.intermediate_size, x)
+    ops::swiglu(gpu, &gate, &up)
 }
 
-/// bf16 roundings between the attention sublayer's input and its change to `x`, counted
-/// once on every path: the normed input (on the value's path, the query's and the key's),
-/// q, k and v, RoPE of q and of k, and the attention output. (o_proj adds to `x` in fp32;
-/// the sum's own rounding is the stream's, counted apart.) The check's limits use it.
-pub const ATTENTION_ROUNDINGS: usize = 9;
+/// bf16 roundings between the attention sublayer's input and its change to the stream,
+/// counted once on every path: the normed input (on the value's path, the query's and the
+/// key's), q, k and v, RoPE of q and of k, the attention output, and the change itself
+/// (o_proj's product). The check's limits use it.
+pub const ATTENTION_ROUNDINGS: usize = 10;
 /// The same for the MLP: the normed input (on the gate's path and the up path), gate and
-/// up, and the activation.
-pub const MLP_ROUNDINGS: usize = 5;
+/// up, the activation, and the change (down_proj's product).
+pub const MLP_ROUNDINGS: usize = 6;
 // ANCHOR_END: sublayers

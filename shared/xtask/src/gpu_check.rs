@@ -34,6 +34,9 @@ pub struct Args {
     /// Check only these chapters (e.g. `--only 07`; repeatable) [default: all].
     #[arg(long, value_name = "NN")]
     only: Vec<String>,
+    /// Leave out the greedy tokens' agreement with transformers' generate().
+    #[arg(long)]
+    no_agreement: bool,
     /// Leave out the comparison with transformers' own bf16 drift on the fixed set of models.
     #[arg(long)]
     no_drift: bool,
@@ -89,7 +92,9 @@ pub fn run(args: Args) -> Result<()> {
     let engine_chosen = |e: &PathBuf| e.file_name().and_then(|n| n.to_str()?.strip_prefix("ch")).is_some_and(chosen);
     if let Some(engine) = engine.filter(engine_chosen) {
         let prompts = [prompt.clone(), "Say hello.".to_string(), "Tell me about it.".to_string()];
-        rows.extend(transformers_agreement(&engine, &model, args.tokenizer.as_deref(), &prompts)?);
+        if !args.no_agreement {
+            rows.extend(transformers_agreement(&engine, &model, args.tokenizer.as_deref(), &prompts)?);
+        }
         if !args.no_drift {
             rows.extend(drift_ratios(&engine, &args.drift_dir, args.tokenizer.as_deref())?);
         }
