@@ -358,7 +358,12 @@ fn check_sublayers(
     }
     let (add, which) = worst_add;
     let what = format!("each of the {sublayers} residual adds, output - input - change (worst - {which})");
-    checks.record(&what, &format!("{add:.2} of what its roundings allow"), "1", add <= 1.0);
+    let measured = if add < 100.0 {
+        format!("{add:.2} of what its roundings allow")
+    } else {
+        format!("{add:.1e} times what its roundings allow")
+    };
+    checks.record(&what, &measured, "1", add <= 1.0);
     Ok(())
 }
 // ANCHOR_END: check_against_reference
