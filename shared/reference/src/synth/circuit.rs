@@ -39,8 +39,8 @@
 //!
 //! Margins: attention scores of the chosen key lead every other key by at least
 //! [`SCORE_MARGIN`] (so each head attends to one key), and each gain outweighs all smaller
-//! ones together by half again, so the winning logit leads by about a third: bf16 rounding
-//! cannot change it.
+//! ones together by half again, so the winning logit leads the runner-up by a fifth of
+//! itself or more (`tests/synth.rs` requires it): bf16 rounding cannot change it.
 
 use crate::config::LlamaConfig;
 use crate::rope::inverse_frequencies;
