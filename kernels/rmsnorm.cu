@@ -22,9 +22,11 @@ __device__ float block_sum(float value) {
     }
     if (lane == 0) warp_sums[warp] = value;
     __syncthreads();
-    const int warps = blockDim.x / 32;
-    value = lane < warps ? warp_sums[lane] : 0.0f;
+    // Only warp 0 reads the partial sums: any other warp's read of slot 0 would race with
+    // warp 0's store of the total there.
     if (warp == 0) {
+        const int warps = blockDim.x / 32;
+        value = lane < warps ? warp_sums[lane] : 0.0f;
         for (int offset = 16; offset > 0; offset /= 2) {
             value += __shfl_xor_sync(0xffffffff, value, offset);
         }
