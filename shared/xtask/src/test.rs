@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
 
@@ -17,22 +18,40 @@ const MDBOOK_KATEX: &str = "mdbook-katex@0.10.0";
 const PIP_CUDA: [&str; 2] = ["nvidia-cuda-nvrtc==13.0.*", "nvidia-cuda-runtime==13.0.*"];
 
 pub fn run() -> Result<()> {
-    let tools_bin = install_book_tools()?;
-    fetch_tokenizer::run(fetch_tokenizer::Args::default_location())?;
-    install_pip_cuda()?;
+    let start = Instant::now();
+    let mut times = Vec::new();
+    let tools_bin = timed(&mut times, "install mdBook", install_book_tools)?;
+    timed(&mut times, "fetch tokenizer", || fetch_tokenizer::run(fetch_tokenizer::Args::default_location()))?;
+    timed(&mut times, "install CUDA headers", install_pip_cuda)?;
 
-    step("rustfmt", cargo(&["fmt", "--all", "--check"]))?;
-    step("clippy", cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]))?;
-    step("tests", cargo(&["test", "--workspace", "--quiet"]))?;
-    println!("== check");
-    check::run()?;
-    println!("== nvrtc");
-    nvrtc::run()?;
+    timed(&mut times, "rustfmt", || step("rustfmt", cargo(&["fmt", "--all", "--check"])))?;
+    let clippy = cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]);
+    timed(&mut times, "clippy", || step("clippy", clippy))?;
+    timed(&mut times, "tests", || step("tests", cargo(&["test", "--workspace", "--quiet"])))?;
+    timed(&mut times, "check", || {
+        println!("== check");
+        check::run()
+    })?;
+    timed(&mut times, "nvrtc", || {
+        println!("== nvrtc");
+        nvrtc::run()
+    })?;
     let mut mdbook = Command::new(tools_bin.join("mdbook"));
     mdbook.args(["build", "book"]).current_dir(paths::root()).env("PATH", path_with(&tools_bin));
-    step("book", mdbook)?;
-    println!("cargo x test: all passed");
+    timed(&mut times, "book", || step("book", mdbook))?;
+    println!("cargo x test: all passed in {:.0} s", start.elapsed().as_secs_f64());
+    for (name, seconds) in &times {
+        println!("  {name:<22} {seconds:>6.1} s");
+    }
     Ok(())
+}
+
+/// Runs one step and notes its wall time, for the summary at the end.
+fn timed<T>(times: &mut Vec<(&'static str, f64)>, name: &'static str, work: impl FnOnce() -> Result<T>) -> Result<T> {
+    let start = Instant::now();
+    let result = work();
+    times.push((name, start.elapsed().as_secs_f64()));
+    result
 }
 
 fn cargo(args: &[&str]) -> Command {
