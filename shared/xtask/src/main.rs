@@ -5,6 +5,7 @@ mod diffs;
 mod fetch_tokenizer;
 mod gpu_check;
 mod nvrtc;
+mod pack;
 mod paths;
 mod synth;
 mod test;
@@ -37,6 +38,8 @@ enum Command {
     Synth(synth::Args),
     /// Run every chapter's --check on a synthetic 1B checkpoint and print one table (needs a GPU).
     GpuCheck(gpu_check::Args),
+    /// Build the release binaries and pack them, the tokenizer and the commit for a GPU machine.
+    Pack,
 }
 
 fn main() -> ExitCode {
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Command::FetchTokenizer(args) => fetch_tokenizer::run(args),
         Command::Synth(args) => synth::run(args),
         Command::GpuCheck(args) => gpu_check::run(args),
+        Command::Pack => pack::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
