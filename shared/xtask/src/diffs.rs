@@ -1,6 +1,7 @@
 //! `cargo x diffs`: one unified diff per chapter against the chapter before it, written to
 //! `book/src/diffs/NN-slug.diff`. These show each chapter's lesson, so they leave out
-//! build output and the `ANCHOR` marker lines that only exist for the book.
+//! build output and the `ANCHOR` marker lines that only exist for the book, and they show
+//! the kernel files (`kernels/*.cu`) a chapter newly includes as added files.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -54,7 +55,31 @@ fn chapter_diff(old_name: &str, old_dir: &Path, new_name: &str, new_dir: &Path) 
             out.push_str(&diff.unified_diff().context_radius(3).header(&old_label, &new_label).to_string());
         }
     }
+    let kernels = paths::root().join("kernels");
+    for kernel in included_kernels(new_dir)?.difference(&included_kernels(old_dir)?) {
+        let text = without_anchors(&kernels.join(kernel))?;
+        let diff = TextDiff::from_lines("", &text);
+        out.push_str(
+            &diff.unified_diff().context_radius(3).header("/dev/null", &format!("kernels/{kernel}")).to_string(),
+        );
+    }
     Ok(out)
+}
+
+/// The kernel files a chapter's code includes: the `NAME.cu` of every
+/// `include_str!("…/kernels/NAME.cu")` in its sources.
+fn included_kernels(dir: &Path) -> Result<BTreeSet<String>> {
+    let mut kernels = BTreeSet::new();
+    for file in source_files(dir)?.into_iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
+        let text = std::fs::read_to_string(dir.join(&file))?;
+        for include in text.split("include_str!(\"").skip(1) {
+            let Some((path, _)) = include.split_once('"') else { continue };
+            if let Some((_, name)) = path.rsplit_once("kernels/") {
+                kernels.insert(name.to_string());
+            }
+        }
+    }
+    Ok(kernels)
 }
 
 fn labelled(chapter: &str, file: &Path, exists: bool) -> String {
@@ -105,7 +130,19 @@ pub fn is_anchor_line(line: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_anchor_line;
+    use super::{included_kernels, is_anchor_line};
+
+    #[test]
+    fn finds_the_kernels_a_chapter_includes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("src")).unwrap();
+        let source = "let a = include_str!(\"../../../kernels/rmsnorm.cu\");\nlet b = include_str!(\"notes.txt\");\n\
+                      let c = compile(\"rope.cu\", include_str!(\"../../../kernels/rope.cu\"))?;\n";
+        std::fs::write(dir.path().join("src/gpu.rs"), source).unwrap();
+        std::fs::write(dir.path().join("src/notes.txt"), "include_str!(\"../kernels/not_rust.cu\")").unwrap();
+        let found: Vec<String> = included_kernels(dir.path()).unwrap().into_iter().collect();
+        assert_eq!(found, ["rmsnorm.cu", "rope.cu"]);
+    }
 
     #[test]
     fn anchor_lines_are_recognised() {
