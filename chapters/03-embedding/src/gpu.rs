@@ -32,6 +32,12 @@ impl Gpu {
     /// Compiles every kernel for this GPU and loads it.
     pub fn new(ctx: &Arc<CudaContext>, stream: Arc<CudaStream>) -> Result<Self> {
         let (major, minor) = ctx.compute_capability()?;
+        if major < 8 {
+            bail!(
+                "{} has compute capability {major}.{minor}; cuBLAS's bf16 matrix products need 8.0 (Ampere) or newer",
+                ctx.name()?
+            );
+        }
         let arch = format!("compute_{major}{minor}");
         let include_dir = cuda_include_dir()?;
         let compile = |name: &str, source: &str| compile_kernel(ctx, name, source, &arch, &include_dir);
