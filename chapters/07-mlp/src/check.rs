@@ -117,7 +117,7 @@ impl Checks {
         let Some((worst, error)) = errors
             .iter()
             .enumerate()
-            .max_by(|(_, a), (_, b)| (a.nan_count, a.relative).partial_cmp(&(b.nan_count, b.relative)).unwrap())
+            .max_by(|(_, a), (_, b)| a.nan_count.cmp(&b.nan_count).then(a.relative.total_cmp(&b.relative)))
         else {
             return;
         };

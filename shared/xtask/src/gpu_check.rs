@@ -2,7 +2,7 @@
 //! summarised in one table. Run it on a machine with an NVIDIA GPU.
 //!
 //! Each chapter binary prints its verdicts as lines of the form
-//! `check: WHAT: max abs error A, relative error R (limit L): PASS` and exits non-zero
+//! `check: WHAT: MEASURED (limit LIMIT): PASS` and exits non-zero
 //! when any of them fails.
 
 use std::path::{Path, PathBuf};
