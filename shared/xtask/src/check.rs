@@ -1,6 +1,8 @@
 //! `cargo x check`: the repository's own consistency rules.
 //! - workspace members are exactly the crate folders on disk;
-//! - every committed chapter diff equals what `cargo x diffs` writes now;
+//! - each chapter after the first declares exactly the files it changes relative to the chapter
+//!   before it, so that drift between the copies shows (see [`changes`]);
+//! - every committed chapter diff, `.diff` and `.md`, equals what `cargo x diffs` writes now;
 //! - every `{{#include file:anchor}}` in the book resolves to non-empty text
 //!   (mdBook silently renders an empty block for a missing anchor).
 
@@ -10,11 +12,12 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{diffs, paths};
+use crate::{changes, diffs, paths};
 
 pub fn run() -> Result<()> {
     let mut problems = Vec::new();
     problems.extend(workspace_members_match_folders()?);
+    problems.extend(chapters_declare_their_changes(&paths::chapters()?)?);
     problems.extend(diffs_are_fresh()?);
     problems.extend(book_includes_resolve()?);
     if !problems.is_empty() {
@@ -23,7 +26,7 @@ pub fn run() -> Result<()> {
         }
         bail!("{} problem(s) found", problems.len());
     }
-    println!("check: workspace members, chapter diffs and book includes are consistent");
+    println!("check: workspace members, chapter changes, chapter diffs and book includes are consistent");
     Ok(())
 }
 
@@ -72,27 +75,74 @@ fn workspace_members_match_folders() -> Result<Vec<String>> {
     Ok(problems)
 }
 
-fn diffs_are_fresh() -> Result<Vec<String>> {
-    let dir = paths::root().join("book/src/diffs");
+/// Each chapter after the first lists in its `Cargo.toml` exactly the files that differ from
+/// the chapter before it: one problem per file differing undeclared, and per file declared but not differing.
+fn chapters_declare_their_changes(chapters: &[(String, PathBuf)]) -> Result<Vec<String>> {
     let mut problems = Vec::new();
-    let mut expected_files = BTreeSet::new();
-    for (name, text) in diffs::all()? {
-        let path = dir.join(format!("{name}.diff"));
-        expected_files.insert(path.clone());
-        match std::fs::read_to_string(&path) {
-            Ok(committed) if committed == text => {}
-            Ok(_) => problems.push(format!("book/src/diffs/{name}.diff is stale: run `cargo x diffs`")),
-            Err(_) => problems.push(format!("book/src/diffs/{name}.diff is missing: run `cargo x diffs`")),
+    for pair in chapters.windows(2) {
+        let ((old_name, old_dir), (new_name, new_dir)) = (&pair[0], &pair[1]);
+        let previous = old_name.split('-').next().unwrap_or(old_name);
+        let declared = match changes::declared(new_dir) {
+            Ok(Some(declared)) => declared,
+            Ok(None) => {
+                problems.push(format!(
+                    "chapters/{new_name}/Cargo.toml has no [package.metadata.chapter] changes list: \
+                     `cargo x changes` prints it"
+                ));
+                continue;
+            }
+            Err(err) => {
+                problems.push(format!("{err:#}"));
+                continue;
+            }
+        };
+        let actual = changes::actual(old_dir, new_dir)?;
+        for file in actual.difference(&declared) {
+            problems.push(format!(
+                "chapters/{new_name}/{file} differs from chapter {previous}'s copy but is not in \
+                 [package.metadata.chapter] changes: fix the drift with `cargo x propagate {previous}`, or declare it"
+            ));
+        }
+        for file in declared.difference(&actual) {
+            problems.push(if file == changes::MANIFEST {
+                format!(
+                    "chapters/{new_name}/Cargo.toml lists {file} in changes: it always differs, so it is never listed"
+                )
+            } else {
+                format!("chapters/{new_name}/{file} is declared as changed but identical to chapter {previous}'s copy")
+            });
         }
     }
-    if let Ok(entries) = std::fs::read_dir(&dir) {
+    Ok(problems)
+}
+
+/// `book/src/diffs/` holds exactly what `cargo x diffs` writes now.
+fn diffs_are_fresh() -> Result<Vec<String>> {
+    diffs_folder_problems(&paths::root().join("book/src/diffs"), diffs::outputs()?)
+}
+
+/// How the diffs folder `dir` differs from holding exactly `expected`, `(file name, contents)`:
+/// one problem per stale, missing or extra file.
+fn diffs_folder_problems(dir: &Path, expected: Vec<(String, String)>) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let mut expected_files = BTreeSet::new();
+    for (file, text) in expected {
+        match std::fs::read_to_string(dir.join(&file)) {
+            Ok(committed) if committed == text => {}
+            Ok(_) => problems.push(format!("book/src/diffs/{file} is stale: run `cargo x diffs`")),
+            Err(_) => problems.push(format!("book/src/diffs/{file} is missing: run `cargo x diffs`")),
+        }
+        expected_files.insert(file);
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries {
-            let path = entry?.path();
-            if !expected_files.contains(&path) {
-                problems.push(format!("{} belongs to no chapter pair", path.display()));
+            let file = entry?.file_name().to_string_lossy().into_owned();
+            if !expected_files.contains(&file) {
+                problems.push(format!("book/src/diffs/{file} belongs to no chapter pair"));
             }
         }
     }
+    problems.sort();
     Ok(problems)
 }
 
@@ -123,14 +173,18 @@ fn markdown_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// The arguments of every `{{#include …}}` directive in a page.
+/// The arguments of every `{{#include …}}` directive in a page, except escaped ones
+/// (`\{{#include …}}`, which mdBook shows as text).
 fn includes(text: &str) -> Vec<String> {
     let mut found = Vec::new();
     let mut rest = text;
     while let Some(start) = rest.find("{{#include ") {
+        let escaped = rest[..start].ends_with('\\');
         let after = &rest[start + "{{#include ".len()..];
         let Some(end) = after.find("}}") else { break };
-        found.push(after[..end].trim().to_string());
+        if !escaped {
+            found.push(after[..end].trim().to_string());
+        }
         rest = &after[end..];
     }
     found
@@ -185,7 +239,8 @@ mod tests {
             "a\n// ANCHOR: x\nfn x() {}\n// ANCHOR_END: x\n// ANCHOR: empty\n// ANCHOR_END: empty\n",
         )
         .unwrap();
-        let page = "text {{#include code.rs:x}} more {{#include code.rs:missing}} {{#include code.rs:empty}}";
+        let page = "text {{#include code.rs:x}} more {{#include code.rs:missing}} {{#include code.rs:empty}}\n\
+                    shown as text: \\{{#include code.rs:escaped}}";
         let found = includes(page);
         assert_eq!(found, vec!["code.rs:x", "code.rs:missing", "code.rs:empty"]);
         assert_eq!(resolve_include(&dir, "code.rs:x").unwrap(), "fn x() {}\n");
@@ -193,5 +248,53 @@ mod tests {
         assert!(resolve_include(&dir, "code.rs:empty").unwrap_err().contains("empty"));
         assert!(resolve_include(&dir, "nope.rs").unwrap_err().contains("does not exist"));
         assert!(resolve_include(&dir, "code.rs:2:3").is_ok());
+    }
+
+    #[test]
+    fn undeclared_and_unchanged_files_are_problems() {
+        use crate::git::testing::{init, write};
+
+        let repo = tempfile::tempdir().unwrap();
+        init(repo.path());
+        let chapters: Vec<(String, PathBuf)> =
+            ["06-a", "07-b", "08-c"].iter().map(|name| (name.to_string(), repo.path().join(name))).collect();
+        for (name, dir) in &chapters {
+            write(dir, "src/config.rs", "same\n");
+            write(dir, "src/main.rs", &format!("{name}\n"));
+        }
+        write(&chapters[0].1, "Cargo.toml", "[package]\nname = \"ch06-a\"\n");
+        let table = "[package.metadata.chapter]\nchanges = [\"src/main.rs\", \"src/gone.rs\", \"Cargo.toml\"]\n";
+        write(&chapters[1].1, "Cargo.toml", &format!("[package]\nname = \"ch07-b\"\n{table}"));
+        write(&chapters[1].1, "src/config.rs", "drifted\n");
+        write(&chapters[2].1, "Cargo.toml", "[package]\nname = \"ch08-c\"\n");
+
+        let problems = chapters_declare_their_changes(&chapters).unwrap();
+        assert_eq!(
+            problems,
+            [
+                "chapters/07-b/src/config.rs differs from chapter 06's copy but is not in [package.metadata.chapter] \
+                 changes: fix the drift with `cargo x propagate 06`, or declare it",
+                "chapters/07-b/Cargo.toml lists Cargo.toml in changes: it always differs, so it is never listed",
+                "chapters/07-b/src/gone.rs is declared as changed but identical to chapter 06's copy",
+                "chapters/08-c/Cargo.toml has no [package.metadata.chapter] changes list: `cargo x changes` prints it",
+            ]
+        );
+    }
+
+    #[test]
+    fn stale_missing_and_extra_diff_files_are_problems() {
+        let dir = tempfile::tempdir().unwrap();
+        for (file, text) in [("02-b.diff", "fresh"), ("02-b.md", "old"), ("01-a.md", "orphan")] {
+            std::fs::write(dir.path().join(file), text).unwrap();
+        }
+        let expected = ["02-b.diff", "02-b.md", "03-c.diff"].map(|file| (file.to_string(), "fresh".to_string()));
+        assert_eq!(
+            diffs_folder_problems(dir.path(), expected.to_vec()).unwrap(),
+            [
+                "book/src/diffs/01-a.md belongs to no chapter pair",
+                "book/src/diffs/02-b.md is stale: run `cargo x diffs`",
+                "book/src/diffs/03-c.diff is missing: run `cargo x diffs`",
+            ]
+        );
     }
 }

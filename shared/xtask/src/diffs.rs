@@ -1,15 +1,21 @@
-//! `cargo x diffs`: one unified diff per chapter against the chapter before it, written to
-//! `book/src/diffs/NN-slug.diff`. These show each chapter's lesson, so they leave out
-//! build output and the `ANCHOR` marker lines that only exist for the book, and they show
-//! the kernel files (`kernels/*.cu`) a chapter newly includes as added files.
+//! `cargo x diffs`: each chapter's diff against the chapter before it, in two forms.
+//! - `book/src/diffs/NN-slug.diff`: the whole unified diff, one file after another;
+//! - `book/src/diffs/NN-slug.md`: the same diff laid out for the chapter's book page, one
+//!   fenced block per file, with tests and long diffs folded (see [`markdown`]).
+//!
+//! These show each chapter's lesson, so they leave out build output (only files git lists
+//! count, see [`git::listed_files`]) and the `ANCHOR` marker lines that only exist for the
+//! book, and they show the kernel files (`kernels/*.cu`) a chapter newly includes as added files.
+
+mod markdown;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
-use similar::TextDiff;
+use similar::{ChangeTag, TextDiff};
 
-use crate::paths;
+use crate::{git, paths};
 
 /// Files above this size are summarised rather than diffed line by line.
 const LARGEST_DIFFED_FILE: u64 = 200_000;
@@ -17,60 +23,85 @@ const LARGEST_DIFFED_FILE: u64 = 200_000;
 pub fn run() -> Result<()> {
     let dir = paths::root().join("book/src/diffs");
     std::fs::create_dir_all(&dir)?;
-    for (name, text) in all()? {
-        std::fs::write(dir.join(format!("{name}.diff")), text)?;
-        println!("wrote book/src/diffs/{name}.diff");
+    for (file, text) in outputs()? {
+        std::fs::write(dir.join(&file), text)?;
+        println!("wrote book/src/diffs/{file}");
     }
     Ok(())
 }
 
-/// Every chapter's diff against its predecessor: `(chapter folder name, diff text)`.
-pub fn all() -> Result<Vec<(String, String)>> {
+/// Everything `book/src/diffs/` should hold, as `(file name, contents)`: for each chapter after
+/// the first, `NN-slug.diff` and `NN-slug.md`.
+pub fn outputs() -> Result<Vec<(String, String)>> {
     let chapters = paths::chapters()?;
-    chapters
-        .windows(2)
-        .map(|pair| {
-            let ((old_name, old_dir), (new_name, new_dir)) = (&pair[0], &pair[1]);
-            Ok((new_name.clone(), chapter_diff(old_name, old_dir, new_name, new_dir)?))
-        })
-        .collect()
+    let mut outputs = Vec::new();
+    for pair in chapters.windows(2) {
+        let ((old_name, old_dir), (new_name, new_dir)) = (&pair[0], &pair[1]);
+        let files = chapter_diff(old_name, old_dir, new_name, new_dir)?;
+        outputs.push((format!("{new_name}.diff"), files.iter().map(|file| file.text.as_str()).collect()));
+        outputs.push((format!("{new_name}.md"), markdown::page(&files)));
+    }
+    Ok(outputs)
 }
 
-fn chapter_diff(old_name: &str, old_dir: &Path, new_name: &str, new_dir: &Path) -> Result<String> {
-    let files: BTreeSet<PathBuf> = source_files(old_dir)?.into_iter().chain(source_files(new_dir)?).collect();
-    let mut out = String::new();
+/// One file's part of a chapter diff.
+pub struct FileDiff {
+    /// Where the file is, as the reader knows it: `src/model.rs`, `kernels/rope.cu`.
+    pub path: String,
+    /// Its unified diff with `---`/`+++` headers, or a one-line note for a large or binary file.
+    pub text: String,
+    /// Lines added.
+    pub added: usize,
+    /// Lines removed.
+    pub removed: usize,
+}
+
+fn chapter_diff(old_name: &str, old_dir: &Path, new_name: &str, new_dir: &Path) -> Result<Vec<FileDiff>> {
+    let files: BTreeSet<_> = git::listed_files(old_dir)?.into_iter().chain(git::listed_files(new_dir)?).collect();
+    let mut diffs = Vec::new();
     for file in files {
         let (old_path, new_path) = (old_dir.join(&file), new_dir.join(&file));
         let old_label = labelled(old_name, &file, old_path.exists());
         let new_label = labelled(new_name, &file, new_path.exists());
+        let path = file.display().to_string();
         if is_large_or_binary(&old_path) || is_large_or_binary(&new_path) {
             if std::fs::read(&old_path).ok() != std::fs::read(&new_path).ok() {
-                out.push_str(&format!("Large or binary files {old_label} and {new_label} differ\n"));
+                let text = format!("Large or binary files {old_label} and {new_label} differ\n");
+                diffs.push(FileDiff { path, text, added: 0, removed: 0 });
             }
             continue;
         }
         let (old, new) = (without_anchors(&old_path)?, without_anchors(&new_path)?);
         if old != new {
-            let diff = TextDiff::from_lines(&old, &new);
-            out.push_str(&diff.unified_diff().context_radius(3).header(&old_label, &new_label).to_string());
+            diffs.push(file_diff(path, (&old_label, &old), (&new_label, &new)));
         }
     }
     let kernels = paths::root().join("kernels");
     for kernel in included_kernels(new_dir)?.difference(&included_kernels(old_dir)?) {
+        let path = format!("kernels/{kernel}");
         let text = without_anchors(&kernels.join(kernel))?;
-        let diff = TextDiff::from_lines("", &text);
-        out.push_str(
-            &diff.unified_diff().context_radius(3).header("/dev/null", &format!("kernels/{kernel}")).to_string(),
-        );
+        diffs.push(file_diff(path.clone(), ("/dev/null", ""), (&path, &text)));
     }
-    Ok(out)
+    Ok(diffs)
+}
+
+/// The diff of one file's text, each side given as `(header label, text)`.
+fn file_diff(path: String, (old_label, old): (&str, &str), (new_label, new): (&str, &str)) -> FileDiff {
+    let diff = TextDiff::from_lines(old, new);
+    let count = |tag| diff.iter_all_changes().filter(|change| change.tag() == tag).count();
+    FileDiff {
+        text: diff.unified_diff().context_radius(3).header(old_label, new_label).to_string(),
+        added: count(ChangeTag::Insert),
+        removed: count(ChangeTag::Delete),
+        path,
+    }
 }
 
 /// The kernel files a chapter's code includes: the `NAME.cu` of every
 /// `include_str!("…/kernels/NAME.cu")` in its sources.
 fn included_kernels(dir: &Path) -> Result<BTreeSet<String>> {
     let mut kernels = BTreeSet::new();
-    for file in source_files(dir)?.into_iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
+    for file in git::listed_files(dir)?.into_iter().filter(|f| f.extension().is_some_and(|e| e == "rs")) {
         let text = std::fs::read_to_string(dir.join(&file))?;
         for include in text.split("include_str!(\"").skip(1) {
             let Some((path, _)) = include.split_once('"') else { continue };
@@ -84,26 +115,6 @@ fn included_kernels(dir: &Path) -> Result<BTreeSet<String>> {
 
 fn labelled(chapter: &str, file: &Path, exists: bool) -> String {
     if exists { format!("{chapter}/{}", file.display()) } else { "/dev/null".to_string() }
-}
-
-/// Paths of every file under `dir`, relative to it, except build output.
-fn source_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    let mut pending = vec![PathBuf::new()];
-    while let Some(relative) = pending.pop() {
-        for entry in std::fs::read_dir(dir.join(&relative)).with_context(|| format!("reading {}", dir.display()))? {
-            let entry = entry?;
-            let path = relative.join(entry.file_name());
-            if entry.file_type()?.is_dir() {
-                if entry.file_name() != "target" {
-                    pending.push(path);
-                }
-            } else {
-                files.push(path);
-            }
-        }
-    }
-    Ok(files)
 }
 
 fn is_large_or_binary(path: &Path) -> bool {
@@ -131,10 +142,12 @@ pub fn is_anchor_line(line: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::{included_kernels, is_anchor_line};
+    use crate::git::testing;
 
     #[test]
     fn finds_the_kernels_a_chapter_includes() {
         let dir = tempfile::tempdir().unwrap();
+        testing::init(dir.path());
         std::fs::create_dir(dir.path().join("src")).unwrap();
         let source = "let a = include_str!(\"../../../kernels/rmsnorm.cu\");\nlet b = include_str!(\"notes.txt\");\n\
                       let c = compile(\"rope.cu\", include_str!(\"../../../kernels/rope.cu\"))?;\n";

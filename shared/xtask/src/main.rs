@@ -1,12 +1,15 @@
 //! `cargo x …`: the project's tooling. Nothing here is engine code.
 
+mod changes;
 mod check;
 mod diffs;
 mod fetch_tokenizer;
+mod git;
 mod gpu_check;
 mod nvrtc;
 mod pack;
 mod paths;
+mod propagate;
 mod synth;
 mod test;
 
@@ -26,10 +29,14 @@ struct Cli {
 enum Command {
     /// Install what is missing, then run fmt, clippy, all tests, check, nvrtc and the book build.
     Test,
-    /// Workspace members = folders; chapter diffs up to date; every book include resolves.
+    /// Workspace members = folders; chapters declare their changes; diffs up to date; book includes resolve.
     Check,
-    /// Write book/src/diffs/NN-slug.diff for each chapter against the previous one.
+    /// Write book/src/diffs/NN-slug.diff and NN-slug.md for each chapter against the previous one.
     Diffs,
+    /// Print each chapter's actual changed files as the [package.metadata.chapter] table for its Cargo.toml.
+    Changes,
+    /// Carry chapter N's uncommitted edits into every later chapter (copied, patched, or reported).
+    Propagate(propagate::Args),
     /// Compile every kernel in kernels/ with NVRTC (no GPU needed); fail on errors or warnings.
     Nvrtc,
     /// Get Meta's tokenizer.model from the PyPI package llama-models and check its sha256.
@@ -47,6 +54,8 @@ fn main() -> ExitCode {
         Command::Test => test::run(),
         Command::Check => check::run(),
         Command::Diffs => diffs::run(),
+        Command::Changes => changes::run(),
+        Command::Propagate(args) => propagate::run(args),
         Command::Nvrtc => nvrtc::run(),
         Command::FetchTokenizer(args) => fetch_tokenizer::run(args),
         Command::Synth(args) => synth::run(args),
