@@ -4,10 +4,26 @@
 //! Each chapter binary prints its verdicts as lines of the form
 //! `check: WHAT: MEASURED (limit LIMIT): PASS` and exits non-zero
 //! when any of them fails.
+//!
+//! With `--sanitize` (after the normal checks) or `--sanitize-only` (instead of them), NVIDIA's
+//! compute-sanitizer (found on `PATH`, else in `$CUDA_HOME/bin`, else `/usr/local/cuda/bin`)
+//! runs each chosen chapter's `--check` once per tool, one after another, each run one row of
+//! the same table: `memcheck --leak-check full` on the same checkpoint as the normal checks,
+//! and `racecheck`, `initcheck` and `synccheck`, too slow at 1B, on a tiny synthetic checkpoint
+//! written into `--sanitize-dir`; the chapters that generate make 4 new tokens. A row passes
+//! when the sanitizer's last word, `ERROR SUMMARY: N errors` (racecheck's `RACECHECK SUMMARY:
+//! … (N errors, W warnings)`), says N = 0 and the program itself succeeded; a missing summary
+//! fails, and a program that failed under the sanitizer fails as such, not as a sanitizer
+//! error. The chapters' own verdicts inside these runs are not rows: the normal checks cover
+//! them. Each run's start and end are printed with its wall time, its whole output goes to a
+//! log in `--sanitize-dir`, and the first lines a failing run reported are printed after it
+//! and again after the table. `--sanitize-tool` narrows the tools and `--only` the chapters;
+//! `--no-leak-check` and `--sanitizer-option` adjust the sanitizer's command line.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use llama_reference::synth::{SynthConfig, write_checkpoint};
@@ -43,6 +59,26 @@ pub struct Args {
     /// Where to write the fixed set's models, one at a time (2.5 GB each).
     #[arg(long, default_value = "/tmp/gpu-check-drift")]
     drift_dir: PathBuf,
+    /// After the normal checks, run each chapter's --check under compute-sanitizer too
+    /// (memcheck on the 1B checkpoint; racecheck, initcheck and synccheck on a tiny one).
+    #[arg(long)]
+    sanitize: bool,
+    /// Only the compute-sanitizer runs of --sanitize, without the normal checks.
+    #[arg(long, conflicts_with = "sanitize")]
+    sanitize_only: bool,
+    /// Run only these compute-sanitizer tools (repeatable) [default: all four].
+    #[arg(long, value_enum, value_name = "TOOL")]
+    sanitize_tool: Vec<Tool>,
+    /// Where to write the tiny checkpoint and one log per compute-sanitizer run.
+    #[arg(long, default_value = "/tmp/gpu-check-sanitize")]
+    sanitize_dir: PathBuf,
+    /// Leave out memcheck's `--leak-check full`.
+    #[arg(long)]
+    no_leak_check: bool,
+    /// Give compute-sanitizer this option too, before the program, with every tool (repeatable:
+    /// `--sanitizer-option=--report-api-errors --sanitizer-option=no`).
+    #[arg(long, value_name = "OPTION", allow_hyphen_values = true)]
+    sanitizer_option: Vec<String>,
 }
 
 /// One line of the final table: a chapter's `check:` line, or a note of ours.
@@ -55,56 +91,130 @@ struct Row {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    let sanitizing = args.sanitize || args.sanitize_only;
+    if !args.sanitize_tool.is_empty() && !sanitizing {
+        bail!("--sanitize-tool chooses the tools of --sanitize or --sanitize-only; give one of them");
+    }
+    let tools: Vec<Tool> = if args.sanitize_tool.is_empty() { Tool::ALL.to_vec() } else { args.sanitize_tool.clone() };
+    // Found before anything is written, so that a machine without it fails at once.
+    let sanitizer = if sanitizing { Some(find_sanitizer()?) } else { None };
     let seed = args.seed.unwrap_or_else(time_seed);
+    let needs_model = !args.sanitize_only || tools.iter().any(|tool| !tool.on_tiny());
     let model = match &args.model {
         Some(dir) => dir.clone(),
-        None => synthetic_model(&args.work_dir, seed)?,
+        None if needs_model => synthetic_model(SynthConfig::OneB, &args.work_dir, seed)?,
+        None => args.work_dir.clone(),
     };
     let prompt = random_prompt(seed);
     println!("gpu-check: prompt {prompt:?}");
     let mut rows = Vec::new();
     let chosen = |folder: &str| args.only.is_empty() || args.only.iter().any(|nn| folder.starts_with(nn.as_str()));
-    for (folder, _) in paths::chapters()?.into_iter().filter(|(folder, _)| chosen(folder)) {
-        let name = paths::package_name(&folder);
-        let binary = args.bin_dir.join(&name);
-        if !binary.exists() {
-            rows.push(Row::note(&name, &format!("no binary in {}", args.bin_dir.display()), "SKIPPED"));
-            continue;
-        }
-        // Chapter 1 has no tokenizer; from chapter 2 on every binary takes a prompt.
-        let mut chapter_args = vec!["--model".into(), model.display().to_string(), "--check".into()];
-        if folder.as_str() >= "02" {
-            if let Some(tokenizer) = &args.tokenizer {
-                chapter_args.extend(["--tokenizer".into(), tokenizer.display().to_string()]);
+    let chapters: Vec<String> =
+        paths::chapters()?.into_iter().map(|(folder, _)| folder).filter(|folder| chosen(folder)).collect();
+    if !args.sanitize_only {
+        for folder in &chapters {
+            let name = paths::package_name(folder);
+            let binary = args.bin_dir.join(&name);
+            if !binary.exists() {
+                rows.push(Row::note(&name, &format!("no binary in {}", args.bin_dir.display()), "SKIPPED"));
+                continue;
             }
-            chapter_args.push(prompt.clone());
+            let tokenizer = args.tokenizer.as_deref();
+            rows.extend(run_chapter(&name, &binary, &check_args(folder, &model, tokenizer, &prompt, None))?);
+            // Attention must handle the whole context: chapter 6 is checked on a ~2,000-token prompt too.
+            if folder.starts_with("06") {
+                let long_prompt = "The quick brown fox jumps over the lazy dog. ".repeat(200);
+                let long = run_chapter(&name, &binary, &check_args(folder, &model, tokenizer, &long_prompt, None))?;
+                rows.extend(
+                    long.into_iter().map(|row| Row { what: format!("{} [~2,010-token prompt]", row.what), ..row }),
+                );
+            }
         }
-        rows.extend(run_chapter(&name, &binary, &chapter_args)?);
-        // Attention must handle the whole context: chapter 6 is checked on a ~2,000-token prompt too.
-        if folder.starts_with("06") {
-            let last = chapter_args.len() - 1;
-            chapter_args[last] = "The quick brown fox jumps over the lazy dog. ".repeat(200);
-            let long = run_chapter(&name, &binary, &chapter_args)?;
-            rows.extend(long.into_iter().map(|row| Row { what: format!("{} [~2,010-token prompt]", row.what), ..row }));
+        let engine = latest_generating_chapter(&args.bin_dir)?;
+        let engine_chosen =
+            |e: &PathBuf| e.file_name().and_then(|n| n.to_str()?.strip_prefix("ch")).is_some_and(chosen);
+        if let Some(engine) = engine.filter(engine_chosen) {
+            let prompts = [prompt.clone(), "Say hello.".to_string(), "Tell me about it.".to_string()];
+            if !args.no_agreement {
+                rows.extend(transformers_agreement(&engine, &model, args.tokenizer.as_deref(), &prompts)?);
+            }
+            if !args.no_drift {
+                rows.extend(drift_ratios(&engine, &args.drift_dir, args.tokenizer.as_deref())?);
+            }
         }
     }
-    let engine = latest_generating_chapter(&args.bin_dir)?;
-    let engine_chosen = |e: &PathBuf| e.file_name().and_then(|n| n.to_str()?.strip_prefix("ch")).is_some_and(chosen);
-    if let Some(engine) = engine.filter(engine_chosen) {
-        let prompts = [prompt.clone(), "Say hello.".to_string(), "Tell me about it.".to_string()];
-        if !args.no_agreement {
-            rows.extend(transformers_agreement(&engine, &model, args.tokenizer.as_deref(), &prompts)?);
+    let mut findings = Vec::new();
+    if let Some(sanitizer) = &sanitizer {
+        let label = match &args.model {
+            Some(dir) => {
+                dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+            }
+            None => "1B".to_string(),
+        };
+        let tiny = args.sanitize_dir.join("tiny");
+        if tools.iter().any(|tool| tool.on_tiny()) {
+            synthetic_model(SynthConfig::Tiny, &tiny, seed)?;
         }
-        if !args.no_drift {
-            rows.extend(drift_ratios(&engine, &args.drift_dir, args.tokenizer.as_deref())?);
+        let models = SanitizeModels { large: &model, large_label: &label, tiny: &tiny };
+        let plan = SanitizePlan {
+            tools: &tools,
+            models,
+            tokenizer: args.tokenizer.as_deref(),
+            prompt: &prompt,
+            leak_check: !args.no_leak_check,
+            extra_options: &args.sanitizer_option,
+        };
+        let (sanitized, found) =
+            sanitize(sanitizer, &args.bin_dir, &args.sanitize_dir, &chapters, &plan, args.sanitize_only)?;
+        rows.extend(sanitized);
+        findings = found;
+    }
+    let source = match &args.model {
+        Some(dir) => dir.display().to_string(),
+        None if needs_model => format!("synthetic 1B, seed {seed}"),
+        None => format!("synthetic tiny, seed {seed}"),
+    };
+    print_table(&rows, &source, &prompt);
+    for (heading, lines) in &findings {
+        println!();
+        println!("{heading}");
+        for line in lines {
+            println!("  {line}");
         }
     }
-    print_table(&rows, &model, seed, &prompt, args.model.is_some());
     let failed = rows.iter().filter(|r| r.verdict == "FAIL").count();
     if failed > 0 {
         bail!("{failed} check(s) failed");
     }
     Ok(())
+}
+
+/// A chapter's `--check` command line. Chapter 1 has no tokenizer and takes no prompt; from
+/// chapter 2 on every binary takes a prompt, and from chapter 7 on (they generate) how many
+/// tokens to generate after it, when `max_new_tokens` is given (else the chapter's default).
+fn check_args(
+    folder: &str,
+    model: &Path,
+    tokenizer: Option<&Path>,
+    prompt: &str,
+    max_new_tokens: Option<usize>,
+) -> Vec<String> {
+    let mut args = vec!["--model".into(), model.display().to_string(), "--check".into()];
+    if folder >= "02" {
+        if let Some(tokenizer) = tokenizer {
+            args.extend(["--tokenizer".into(), tokenizer.display().to_string()]);
+        }
+        args.push(prompt.to_string());
+        if let Some(tokens) = max_new_tokens.filter(|_| generates(folder)) {
+            args.push(tokens.to_string());
+        }
+    }
+    args
+}
+
+/// Whether a chapter's binary generates text (chapter 7 on), and so takes `MAX_NEW_TOKENS`.
+fn generates(folder: &str) -> bool {
+    folder >= "07"
 }
 
 /// A prompt of a few words drawn with `seed`, so each run checks different tokens.
@@ -151,17 +261,18 @@ fn time_seed() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) % 1_000_000
 }
 
-fn synthetic_model(dir: &Path, seed: u64) -> Result<PathBuf> {
-    println!("gpu-check: writing a synthetic 1B checkpoint (seed {seed}) to {}", dir.display());
-    let start = std::time::Instant::now();
-    write_checkpoint(SynthConfig::OneB, seed, dir)?;
+fn synthetic_model(which: SynthConfig, dir: &Path, seed: u64) -> Result<PathBuf> {
+    let size = if which == SynthConfig::OneB { "1B" } else { "tiny" };
+    println!("gpu-check: writing a synthetic {size} checkpoint (seed {seed}) to {}", dir.display());
+    let start = Instant::now();
+    write_checkpoint(which, seed, dir)?;
     println!("gpu-check: written in {:.1} s", start.elapsed().as_secs_f64());
     Ok(dir.to_path_buf())
 }
 
 /// The binary of the last chapter present that generates text (chapter 7 on).
 fn latest_generating_chapter(bin_dir: &Path) -> Result<Option<PathBuf>> {
-    let generating = paths::chapters()?.into_iter().filter(|(folder, _)| folder.as_str() >= "07");
+    let generating = paths::chapters()?.into_iter().filter(|(folder, _)| generates(folder));
     Ok(generating.map(|(folder, _)| bin_dir.join(paths::package_name(&folder))).rfind(|b| b.exists()))
 }
 
@@ -346,6 +457,375 @@ fn drift_ratios(engine: &Path, dir: &Path, tokenizer: Option<&Path>) -> Result<V
     Ok(rows)
 }
 
+/// Tokens each generating chapter makes under compute-sanitizer: the first comes from the
+/// prompt's pass, the later ones from the generation loop, and each costs a whole forward
+/// pass at the sanitizer's slowdown.
+const SANITIZE_NEW_TOKENS: usize = 4;
+/// How many of a failing run's sanitizer lines are printed, after it and after the table.
+const FINDING_LINES: usize = 20;
+
+/// A compute-sanitizer tool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Tool {
+    /// Out-of-bounds and misaligned accesses, CUDA API errors, leaks.
+    Memcheck,
+    /// Hazards between threads on shared memory.
+    Racecheck,
+    /// Reads of global memory nothing wrote.
+    Initcheck,
+    /// Invalid uses of barriers and warp synchronisation.
+    Synccheck,
+}
+
+impl Tool {
+    const ALL: [Tool; 4] = [Tool::Memcheck, Tool::Racecheck, Tool::Initcheck, Tool::Synccheck];
+
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Memcheck => "memcheck",
+            Tool::Racecheck => "racecheck",
+            Tool::Initcheck => "initcheck",
+            Tool::Synccheck => "synccheck",
+        }
+    }
+
+    /// racecheck follows every shared-memory access and initcheck every byte of global
+    /// memory, far too slow at 1B; synccheck is cheap, but the tiny model shows as much.
+    fn on_tiny(self) -> bool {
+        self != Tool::Memcheck
+    }
+
+    /// The sanitizer's options for this tool. memcheck also looks for leaks unless told not
+    /// to: cudarc frees each buffer when its owner is dropped and releases the context when
+    /// the program ends, so memory still allocated then is a finding (counted among the errors).
+    fn options(self, leak_check: bool) -> Vec<&'static str> {
+        let mut options = vec!["--tool", self.name()];
+        if self == Tool::Memcheck && leak_check {
+            options.extend(["--leak-check", "full"]);
+        }
+        options.extend(["--error-exitcode", "1"]);
+        options
+    }
+}
+
+/// The checkpoints of the sanitizer runs: memcheck's, and the tiny one of the other tools.
+struct SanitizeModels<'a> {
+    large: &'a Path,
+    /// How rows name `large`: `1B`, or the name of the --model folder.
+    large_label: &'a str,
+    tiny: &'a Path,
+}
+
+/// What the sanitizer runs of every chapter are made of.
+struct SanitizePlan<'a> {
+    tools: &'a [Tool],
+    models: SanitizeModels<'a>,
+    tokenizer: Option<&'a Path>,
+    prompt: &'a str,
+    /// memcheck's `--leak-check full`.
+    leak_check: bool,
+    /// More options for compute-sanitizer, given to every tool.
+    extra_options: &'a [String],
+}
+
+/// One compute-sanitizer run over one chapter's `--check`.
+#[derive(Debug)]
+struct SanitizerRun {
+    tool: Tool,
+    /// The row's "compared" cell.
+    what: String,
+    chapter_args: Vec<String>,
+}
+
+impl SanitizePlan<'_> {
+    /// The runs for the chapter in `folder`, one per tool, in the order of `tools`.
+    fn runs(&self, folder: &str) -> Vec<SanitizerRun> {
+        let tokens = generates(folder).then_some(SANITIZE_NEW_TOKENS);
+        self.tools
+            .iter()
+            .map(|&tool| {
+                let (model, label) = match tool.on_tiny() {
+                    true => (self.models.tiny, "tiny"),
+                    false => (self.models.large, self.models.large_label),
+                };
+                let on = match tokens {
+                    Some(tokens) => format!("{label}, {tokens} new tokens"),
+                    None => label.to_string(),
+                };
+                SanitizerRun {
+                    tool,
+                    what: format!("compute-sanitizer {} on --check ({on})", tool.name()),
+                    chapter_args: check_args(folder, model, self.tokenizer, self.prompt, tokens),
+                }
+            })
+            .collect()
+    }
+
+    /// compute-sanitizer's arguments for one run: the tool's options, the extra ones, the
+    /// program and its arguments.
+    fn sanitizer_args(&self, tool: Tool, binary: &Path, chapter_args: &[String]) -> Vec<String> {
+        let mut args: Vec<String> = tool.options(self.leak_check).into_iter().map(String::from).collect();
+        args.extend(self.extra_options.iter().cloned());
+        args.push(binary.display().to_string());
+        args.extend(chapter_args.iter().cloned());
+        args
+    }
+}
+
+/// Where compute-sanitizer may be, in this order: each folder of `PATH`, `$CUDA_HOME/bin`,
+/// `/usr/local/cuda/bin`.
+fn sanitizer_candidates(path: Option<&OsStr>, cuda_home: Option<&OsStr>) -> Vec<PathBuf> {
+    let mut candidates: Vec<PathBuf> = path
+        .map(|path| std::env::split_paths(path).filter(|dir| !dir.as_os_str().is_empty()).collect())
+        .unwrap_or_default();
+    candidates.extend(cuda_home.filter(|home| !home.is_empty()).map(|home| Path::new(home).join("bin")));
+    candidates.push(PathBuf::from("/usr/local/cuda/bin"));
+    candidates.into_iter().map(|dir| dir.join("compute-sanitizer")).collect()
+}
+
+/// The first of [`sanitizer_candidates`] that exists, with its version printed.
+fn find_sanitizer() -> Result<PathBuf> {
+    let cuda_home = std::env::var_os("CUDA_HOME");
+    let candidates = sanitizer_candidates(std::env::var_os("PATH").as_deref(), cuda_home.as_deref());
+    let Some(sanitizer) = candidates.into_iter().find(|candidate| candidate.is_file()) else {
+        let home = match &cuda_home {
+            Some(home) => format!("CUDA_HOME is {}", Path::new(home).display()),
+            None => "CUDA_HOME is not set".to_string(),
+        };
+        bail!(
+            "compute-sanitizer not found on PATH, in $CUDA_HOME/bin ({home}) or in /usr/local/cuda/bin; \
+             --sanitize needs it (it comes with the CUDA toolkit)"
+        );
+    };
+    let version = Command::new(&sanitizer).arg("--version").output().ok().and_then(|output| {
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        text.lines().find(|line| line.starts_with("Version")).map(str::to_string)
+    });
+    println!("gpu-check: {} ({})", sanitizer.display(), version.as_deref().unwrap_or("version unknown"));
+    Ok(sanitizer)
+}
+
+/// What compute-sanitizer printed, read from the lines it marks with `=========`.
+#[derive(Debug, Default, PartialEq)]
+struct SanitizerReport {
+    /// N of `ERROR SUMMARY: N errors` (the largest, were there several).
+    errors: Option<u64>,
+    /// Errors and warnings of racecheck's `RACECHECK SUMMARY: H hazards displayed (E errors, W warnings)`.
+    hazards: Option<(u64, u64)>,
+    /// memcheck's `LEAK SUMMARY`, e.g. `0 bytes leaked in 0 allocations`.
+    leaks: Option<String>,
+    /// The first [`FINDING_LINES`] lines of what it reported: no banner, summaries or host frames.
+    findings: Vec<String>,
+}
+
+impl SanitizerReport {
+    fn parse(output: &str) -> SanitizerReport {
+        let mut report = SanitizerReport::default();
+        for line in output.lines() {
+            let Some(body) = line.strip_prefix("=========") else { continue };
+            let body = body.trim();
+            if let Some(rest) = body.strip_prefix("ERROR SUMMARY:") {
+                if let Some(errors) = count_of(rest, "error") {
+                    report.errors = Some(report.errors.map_or(errors, |e| e.max(errors)));
+                }
+            } else if let Some(rest) = body.strip_prefix("RACECHECK SUMMARY:") {
+                // `H hazards displayed (E errors, W warnings)`; without the parenthesis, H errors.
+                let split = rest.split_once('(').and_then(|(_, inner)| inner.split_once(')')).map(|(inner, _)| {
+                    let (errors, warnings) = inner.split_once(',').unwrap_or((inner, ""));
+                    (count_of(errors, "error"), count_of(warnings, "warning"))
+                });
+                let hazards = match split {
+                    Some((Some(errors), Some(warnings))) => Some((errors, warnings)),
+                    _ => count_of(rest, "hazard").map(|hazards| (hazards, 0)),
+                };
+                if let Some((errors, warnings)) = hazards {
+                    let (e, w) = report.hazards.unwrap_or((0, 0));
+                    report.hazards = Some((e.max(errors), w.max(warnings)));
+                }
+            } else if let Some(rest) = body.strip_prefix("LEAK SUMMARY:") {
+                report.leaks = Some(rest.trim().to_string());
+            } else if is_finding(body) && report.findings.len() < FINDING_LINES {
+                report.findings.push(line.trim_end().to_string());
+            }
+        }
+        report
+    }
+
+    /// The errors found, or `None` when the sanitizer printed no summary (it did not finish).
+    fn error_count(&self) -> Option<u64> {
+        match (self.errors, self.hazards) {
+            (None, None) => None,
+            (errors, hazards) => Some(errors.unwrap_or(0).max(hazards.map_or(0, |(e, _)| e))),
+        }
+    }
+
+    /// `N errors`, with racecheck's warnings and any memory leaked.
+    fn describe(&self, errors: u64) -> String {
+        let mut text = plural(errors, "error");
+        if let Some((_, warnings)) = self.hazards {
+            text += &format!(", {}", plural(warnings, "warning"));
+        }
+        if let Some(leaks) = self.leaks.as_ref().filter(|leaks| !leaks.starts_with("0 bytes")) {
+            text += &format!(" ({leaks})");
+        }
+        text
+    }
+}
+
+/// `N words` or `1 word` at the start of `text` → N.
+fn count_of(text: &str, word: &str) -> Option<u64> {
+    let mut words = text.split_whitespace();
+    let count = words.next()?.parse().ok()?;
+    let unit = words.next()?;
+    (unit == word || unit.strip_suffix('s') == Some(word)).then_some(count)
+}
+
+fn plural(count: u64, word: &str) -> String {
+    format!("{count} {word}{}", if count == 1 { "" } else { "s" })
+}
+
+/// Whether a sanitizer line (without its `=========`) says something about an error.
+fn is_finding(body: &str) -> bool {
+    let noise = ["COMPUTE-SANITIZER", "Host Frame", "Saved host backtrace"];
+    !body.is_empty() && !noise.iter().any(|n| body.starts_with(n))
+}
+
+/// How the program under the sanitizer ended.
+struct Exit {
+    success: bool,
+    /// As `ExitStatus` says it: `exit status: 1`, `signal: 9 (SIGKILL)`.
+    description: String,
+}
+
+/// The row of one sanitizer run. It passes when the sanitizer printed its summary, found
+/// nothing, and the program succeeded: a program that failed (or was killed) was not wholly
+/// checked, but that is said apart from the sanitizer's own errors.
+fn sanitizer_row(chapter: &str, what: &str, report: &SanitizerReport, exit: &Exit) -> Row {
+    let (measured, pass) = match report.error_count() {
+        None => (format!("no ERROR SUMMARY line: the sanitizer did not finish ({})", exit.description), false),
+        Some(0) if !exit.success => {
+            (format!("0 errors, but the program failed under the sanitizer ({})", exit.description), false)
+        }
+        Some(errors) => (report.describe(errors), errors == 0 && exit.success),
+    };
+    Row {
+        chapter: chapter.to_string(),
+        what: what.to_string(),
+        measured,
+        limit: "0".into(),
+        verdict: if pass { "PASS" } else { "FAIL" }.into(),
+    }
+}
+
+/// A failing run's heading and lines, printed after the table.
+type Finding = (String, Vec<String>);
+
+/// Runs each chapter's `--check` under each tool of `plan`, one after another, one row per
+/// run, printing each start and end with its wall time and writing each output to a log in
+/// `dir/logs`. Returns the rows and, for each failing run, the first lines it reported.
+fn sanitize(
+    sanitizer: &Path,
+    bin_dir: &Path,
+    dir: &Path,
+    chapters: &[String],
+    plan: &SanitizePlan,
+    say_missing: bool,
+) -> Result<(Vec<Row>, Vec<Finding>)> {
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("cannot create {}", logs.display()))?;
+    let mut rows = Vec::new();
+    let mut runs = Vec::new();
+    for folder in chapters {
+        let name = paths::package_name(folder);
+        let binary = bin_dir.join(&name);
+        if !binary.exists() {
+            // The normal checks have said so already, unless they were left out.
+            if say_missing {
+                rows.push(Row::note(&name, &format!("no binary in {}", bin_dir.display()), "SKIPPED"));
+            }
+            continue;
+        }
+        runs.extend(plan.runs(folder).into_iter().map(|run| (name.clone(), binary.clone(), run)));
+    }
+    let all = Instant::now();
+    let mut findings = Vec::new();
+    for (index, (name, binary, run)) in runs.iter().enumerate() {
+        let args = plan.sanitizer_args(run.tool, binary, &run.chapter_args);
+        let log = logs.join(format!("{name}.{}.log", run.tool.name()));
+        let counter = format!("sanitizer run {}/{}", index + 1, runs.len());
+        println!("gpu-check: {counter} starts: {} {}", sanitizer.display(), args.join(" "));
+        let start = Instant::now();
+        let mut command = Command::new(sanitizer);
+        command.args(&args);
+        let (row, mut lines) = match command.output() {
+            Err(err) => (Row::note(name, &format!("{}: cannot run it: {err}", run.what), "FAIL"), Vec::new()),
+            Ok(output) => {
+                write_log(&log, &command, &output, start.elapsed())?;
+                let stdout = String::from_utf8_lossy(&output.stdout);
+                let stderr = String::from_utf8_lossy(&output.stderr);
+                let report = SanitizerReport::parse(&format!("{stdout}\n{stderr}"));
+                let exit = Exit { success: output.status.success(), description: output.status.to_string() };
+                let mut lines = report.findings.clone();
+                if !exit.success {
+                    // What the program itself said about its failure: failed checks, its error line.
+                    let failed_checks = stdout.lines().filter(|l| l.starts_with("check: ") && l.ends_with(": FAIL"));
+                    let errors = stderr.lines().filter(|l| !l.starts_with("=========") && !l.trim().is_empty());
+                    lines.extend(failed_checks.chain(errors.take(1)).take(5).map(|l| format!("program: {l}")));
+                }
+                (sanitizer_row(name, &run.what, &report, &exit), lines)
+            }
+        };
+        println!(
+            "gpu-check: {counter} ends after {} ({} in all): {name}, {}: {}: {}",
+            seconds(start.elapsed()),
+            seconds(all.elapsed()),
+            run.what,
+            row.measured,
+            row.verdict
+        );
+        if row.verdict != "PASS" {
+            lines.push(format!("whole output: {}", log.display()));
+            for line in &lines {
+                println!("  {line}");
+            }
+            findings.push((format!("{name}, {}: {}", run.what, row.measured), lines));
+        }
+        rows.push(row);
+    }
+    if !runs.is_empty() {
+        println!(
+            "gpu-check: {} sanitizer runs took {}; logs in {}",
+            runs.len(),
+            seconds(all.elapsed()),
+            logs.display()
+        );
+    }
+    Ok((rows, findings))
+}
+
+/// One sanitizer run's command, exit status, wall time and whole output.
+fn write_log(log: &Path, command: &Command, output: &Output, wall: Duration) -> Result<()> {
+    let text = format!(
+        "command: {command:?}\n{}\nwall time: {}\n\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        output.status,
+        seconds(wall),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::write(log, text).with_context(|| format!("cannot write {}", log.display()))
+}
+
+/// `12.3 s`, or `4 min 05 s` from a minute on.
+fn seconds(duration: Duration) -> String {
+    let secs = duration.as_secs_f64();
+    if secs < 60.0 {
+        format!("{secs:.1} s")
+    } else {
+        let whole = secs.round() as u64;
+        format!("{} min {:02} s", whole / 60, whole % 60)
+    }
+}
+
 /// Runs a command, returning its standard output; a failure is an error with its stderr.
 fn capture(command: &mut Command) -> Result<String> {
     let output = command.output().with_context(|| format!("cannot run {command:?}"))?;
@@ -411,9 +891,9 @@ impl Row {
     }
 }
 
-fn print_table(rows: &[Row], model: &Path, seed: u64, prompt: &str, given_model: bool) {
+/// The table of `rows`, under a line naming the model (`source`) and the prompt.
+fn print_table(rows: &[Row], source: &str, prompt: &str) {
     println!();
-    let source = if given_model { format!("{}", model.display()) } else { format!("synthetic 1B, seed {seed}") };
     println!("gpu-check on {source}, prompt {prompt:?}");
     let cells = |r: &Row| [r.chapter.clone(), r.what.clone(), r.measured.clone(), r.limit.clone(), r.verdict.clone()];
     let header = ["chapter", "compared", "measured", "limit", "result"].map(String::from);
@@ -437,7 +917,11 @@ fn print_table(rows: &[Row], model: &Path, seed: u64, prompt: &str, given_model:
 
 #[cfg(test)]
 mod tests {
-    use super::Row;
+    use std::ffi::OsStr;
+    use std::path::{Path, PathBuf};
+
+    use super::{Exit, Row, SANITIZE_NEW_TOKENS, SanitizeModels, SanitizePlan, SanitizerReport, Tool};
+    use super::{check_args, sanitizer_candidates, sanitizer_row};
 
     #[test]
     fn parses_check_lines() {
@@ -458,5 +942,226 @@ mod tests {
         );
         assert_eq!(tokens.relative_error(), None);
         assert!(Row::parse("x", "upload 2.47 GB").is_none());
+    }
+
+    fn plan<'a>(tools: &'a [Tool], tokenizer: Option<&'a Path>) -> SanitizePlan<'a> {
+        SanitizePlan {
+            tools,
+            models: SanitizeModels { large: Path::new("/tmp/1b"), large_label: "1B", tiny: Path::new("/tmp/tiny") },
+            tokenizer,
+            prompt: "why is the sky blue",
+            leak_check: true,
+            extra_options: &[],
+        }
+    }
+
+    fn strings(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn check_args_follow_each_chapters_command_line() {
+        let model = Path::new("/m");
+        let tokenizer = Some(Path::new("/t.model"));
+        // Chapter 1 takes no tokenizer and no prompt, even when told a number of tokens.
+        assert_eq!(check_args("01-weights", model, tokenizer, "hi", Some(4)), strings(&["--model", "/m", "--check"]));
+        assert_eq!(
+            check_args("03-embedding", model, tokenizer, "hi", Some(4)),
+            strings(&["--model", "/m", "--check", "--tokenizer", "/t.model", "hi"])
+        );
+        assert_eq!(check_args("06-attention", model, None, "hi", None), strings(&["--model", "/m", "--check", "hi"]));
+        assert_eq!(check_args("07-mlp", model, None, "hi", None), strings(&["--model", "/m", "--check", "hi"]));
+        assert_eq!(check_args("07-mlp", model, None, "hi", Some(4)), strings(&["--model", "/m", "--check", "hi", "4"]));
+        assert_eq!(check_args("08-kv-cache", model, None, "hi", Some(2)).last().map(String::as_str), Some("2"));
+    }
+
+    #[test]
+    fn sanitizer_runs_choose_tool_model_and_tokens() {
+        let tokenizer = Path::new("/t.model");
+        let plan = plan(&Tool::ALL, Some(tokenizer));
+        let runs = plan.runs("07-mlp");
+        assert_eq!(runs.iter().map(|r| r.tool).collect::<Vec<_>>(), Tool::ALL);
+        let memcheck = &runs[0];
+        assert_eq!(memcheck.what, "compute-sanitizer memcheck on --check (1B, 4 new tokens)");
+        assert_eq!(
+            memcheck.chapter_args,
+            strings(&["--model", "/tmp/1b", "--check", "--tokenizer", "/t.model", "why is the sky blue", "4"])
+        );
+        assert_eq!(SANITIZE_NEW_TOKENS, 4);
+        for (run, tool) in runs[1..].iter().zip(["racecheck", "initcheck", "synccheck"]) {
+            assert_eq!(run.what, format!("compute-sanitizer {tool} on --check (tiny, 4 new tokens)"));
+            assert_eq!(run.chapter_args[..2], strings(&["--model", "/tmp/tiny"]));
+            assert_eq!(run.chapter_args.last().unwrap(), "4");
+        }
+        let ch01 = plan.runs("01-weights");
+        assert_eq!(ch01[0].what, "compute-sanitizer memcheck on --check (1B)");
+        assert_eq!(ch01[0].chapter_args, strings(&["--model", "/tmp/1b", "--check"]));
+        assert_eq!(ch01[2].chapter_args, strings(&["--model", "/tmp/tiny", "--check"]));
+        let ch05 = plan.runs("05-rope");
+        assert_eq!(ch05[1].what, "compute-sanitizer racecheck on --check (tiny)");
+        assert_eq!(ch05[1].chapter_args.last().unwrap(), "why is the sky blue");
+        // --sanitize-tool narrows the runs, in its order.
+        let only = [Tool::Initcheck];
+        let runs = self::plan(&only, None).runs("07-mlp");
+        assert_eq!(runs.len(), 1);
+        assert_eq!(runs[0].tool, Tool::Initcheck);
+    }
+
+    #[test]
+    fn sanitizer_command_lines() {
+        let binary = Path::new("target/release/ch07-mlp");
+        let chapter = strings(&["--model", "/tmp/1b", "--check", "hi", "4"]);
+        let mut plan = plan(&Tool::ALL, None);
+        assert_eq!(
+            plan.sanitizer_args(Tool::Memcheck, binary, &chapter),
+            strings(&[
+                "--tool",
+                "memcheck",
+                "--leak-check",
+                "full",
+                "--error-exitcode",
+                "1",
+                "target/release/ch07-mlp",
+                "--model",
+                "/tmp/1b",
+                "--check",
+                "hi",
+                "4"
+            ])
+        );
+        assert_eq!(
+            plan.sanitizer_args(Tool::Racecheck, binary, &chapter)[..5],
+            strings(&["--tool", "racecheck", "--error-exitcode", "1", "target/release/ch07-mlp"])
+        );
+        assert_eq!(plan.sanitizer_args(Tool::Synccheck, binary, &[])[..2], strings(&["--tool", "synccheck"]));
+        assert_eq!(plan.sanitizer_args(Tool::Initcheck, binary, &[])[..2], strings(&["--tool", "initcheck"]));
+        // --no-leak-check and --sanitizer-option.
+        let extra = strings(&["--report-api-errors", "no"]);
+        plan.leak_check = false;
+        plan.extra_options = &extra;
+        assert_eq!(
+            plan.sanitizer_args(Tool::Memcheck, binary, &[]),
+            strings(&[
+                "--tool",
+                "memcheck",
+                "--error-exitcode",
+                "1",
+                "--report-api-errors",
+                "no",
+                "target/release/ch07-mlp"
+            ])
+        );
+    }
+
+    #[test]
+    fn sanitizer_is_looked_for_on_path_then_cuda_home_then_usr_local() {
+        let found = sanitizer_candidates(Some(OsStr::new("/a/bin::/b")), Some(OsStr::new("/opt/cuda")));
+        let expected = ["/a/bin", "/b", "/opt/cuda/bin", "/usr/local/cuda/bin"]
+            .map(|dir| PathBuf::from(dir).join("compute-sanitizer"))
+            .to_vec();
+        assert_eq!(found, expected);
+        assert_eq!(
+            sanitizer_candidates(None, Some(OsStr::new(""))),
+            vec![PathBuf::from("/usr/local/cuda/bin/compute-sanitizer")]
+        );
+    }
+
+    const CLEAN_MEMCHECK: &str = "\
+========= COMPUTE-SANITIZER
+prompt  12 tokens in the chat format; up to 4 new tokens
+check: all 4 greedy tokens: 0 of 4 ids differ (limit 0): PASS
+========= LEAK SUMMARY: 0 bytes leaked in 0 allocations
+========= ERROR SUMMARY: 0 errors
+";
+
+    const FAILING_MEMCHECK: &str = "\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 2 bytes
+=========     at rms_norm+0x1b0
+=========     by thread (31,0,0) in block (5,0,0)
+=========     Address 0x7f00001000 is out of bounds
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: cuLaunchKernel [0x2f1e3] in libcuda.so.1
+=========
+check: something: 1 (limit 0): PASS
+========= ERROR SUMMARY: 1 error
+";
+
+    fn exit(code: i32) -> Exit {
+        Exit { success: code == 0, description: format!("exit status: {code}") }
+    }
+
+    #[test]
+    fn parses_sanitizer_summaries() {
+        let clean = SanitizerReport::parse(CLEAN_MEMCHECK);
+        assert_eq!(clean.errors, Some(0));
+        assert_eq!(clean.error_count(), Some(0));
+        assert_eq!(clean.leaks.as_deref(), Some("0 bytes leaked in 0 allocations"));
+        assert!(clean.findings.is_empty(), "{:?}", clean.findings);
+
+        let failing = SanitizerReport::parse(FAILING_MEMCHECK);
+        assert_eq!(failing.error_count(), Some(1));
+        assert_eq!(
+            failing.findings,
+            [
+                "========= Invalid __global__ read of size 2 bytes",
+                "=========     at rms_norm+0x1b0",
+                "=========     by thread (31,0,0) in block (5,0,0)",
+                "=========     Address 0x7f00001000 is out of bounds",
+            ]
+        );
+        assert_eq!(SanitizerReport::parse("========= ERROR SUMMARY: 27 errors\n").error_count(), Some(27));
+
+        let race = SanitizerReport::parse(
+            "========= Error: Race reported between Write access at attention+0x140\n\
+             ========= RACECHECK SUMMARY: 3 hazards displayed (2 errors, 1 warning)\n",
+        );
+        assert_eq!((race.hazards, race.error_count()), (Some((2, 1)), Some(2)));
+        assert_eq!(race.describe(2), "2 errors, 1 warning");
+        let benign = SanitizerReport::parse("========= RACECHECK SUMMARY: 1 hazard displayed (0 errors, 1 warning)");
+        assert_eq!(benign.error_count(), Some(0));
+        let bare = SanitizerReport::parse("========= RACECHECK SUMMARY: 0 hazards displayed\n");
+        assert_eq!(bare.error_count(), Some(0));
+
+        // No summary: the sanitizer did not finish; a program's own lines do not count.
+        let missing = SanitizerReport::parse("========= COMPUTE-SANITIZER\nERROR SUMMARY: 0 errors\n");
+        assert_eq!(missing.error_count(), None);
+        assert_eq!(SanitizerReport::parse("").error_count(), None);
+        assert_eq!(SanitizerReport::parse("========= ERROR SUMMARY: lots\n").error_count(), None);
+
+        let leaked = SanitizerReport::parse(
+            "========= Leaked 4096 bytes at 0x7f0000\n\
+             ========= LEAK SUMMARY: 4096 bytes leaked in 1 allocations\n\
+             ========= ERROR SUMMARY: 1 error\n",
+        );
+        assert_eq!(leaked.describe(1), "1 error (4096 bytes leaked in 1 allocations)");
+
+        let many: String = (0..50).map(|i| format!("========= Invalid __shared__ write {i}\n")).collect();
+        assert_eq!(SanitizerReport::parse(&many).findings.len(), super::FINDING_LINES);
+    }
+
+    #[test]
+    fn sanitizer_rows_tell_the_programs_failure_from_the_sanitizers() {
+        let what = "compute-sanitizer memcheck on --check (1B, 4 new tokens)";
+        let clean = SanitizerReport::parse(CLEAN_MEMCHECK);
+        let row = sanitizer_row("ch07-mlp", what, &clean, &exit(0));
+        assert_eq!(
+            (row.chapter.as_str(), row.what.as_str(), row.measured.as_str(), row.limit.as_str(), row.verdict.as_str()),
+            ("ch07-mlp", what, "0 errors", "0", "PASS")
+        );
+        let program_failed = sanitizer_row("ch07-mlp", what, &clean, &exit(1));
+        assert_eq!(program_failed.measured, "0 errors, but the program failed under the sanitizer (exit status: 1)");
+        assert_eq!(program_failed.verdict, "FAIL");
+        let errors = sanitizer_row("ch07-mlp", what, &SanitizerReport::parse(FAILING_MEMCHECK), &exit(1));
+        assert_eq!((errors.measured.as_str(), errors.verdict.as_str()), ("1 error", "FAIL"));
+        let missing = sanitizer_row("ch07-mlp", what, &SanitizerReport::parse("killed\n"), &exit(0));
+        assert!(missing.measured.starts_with("no ERROR SUMMARY line"), "{}", missing.measured);
+        assert_eq!(missing.verdict, "FAIL");
+        let killed = Exit { success: false, description: "signal: 9 (SIGKILL)".into() };
+        let row = sanitizer_row("ch07-mlp", what, &SanitizerReport::parse("========= COMPUTE-SANITIZER\n"), &killed);
+        assert_eq!(row.measured, "no ERROR SUMMARY line: the sanitizer did not finish (signal: 9 (SIGKILL))");
+        let race = SanitizerReport::parse("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)");
+        let row = sanitizer_row("ch06-attention", "racecheck", &race, &exit(0));
+        assert_eq!((row.measured.as_str(), row.verdict.as_str()), ("0 errors, 0 warnings", "PASS"));
     }
 }
