@@ -12,41 +12,13 @@
 // Launch: one block per (query position, query head): gridDim = (tokens, q_heads);
 // blockDim.x a multiple of 32; dynamic shared memory of tokens · 4 bytes for the scores.
 // Scores, the softmax and the weighted sum are all fp32: rounding scores to bf16 before
-// the softmax would change which keys the head attends to.
+// the softmax would change which keys the head attends to. `block_max` and `block_sum`
+// come from block_reduce.cuh, which the engine puts in front of this file.
 
 #include <cuda_bf16.h>
 #include <math_constants.h>  // CUDART_INF_F
 
 #define MAX_HEAD_DIM 256
-
-// ANCHOR: block_reduce
-// Sum (or max) of `value` over the block, returned to every thread: shuffles within
-// each warp, then one value per warp through shared memory. The last __syncthreads lets
-// the block call it again right away.
-__device__ float block_reduce(float value, bool take_max) {
-    __shared__ float per_warp[32];
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
-    for (int offset = 16; offset > 0; offset /= 2) {
-        const float other = __shfl_xor_sync(0xffffffff, value, offset);
-        value = take_max ? fmaxf(value, other) : value + other;
-    }
-    if (lane == 0) per_warp[warp] = value;
-    __syncthreads();
-    if (warp == 0) {
-        value = lane < blockDim.x / 32 ? per_warp[lane] : (take_max ? -CUDART_INF_F : 0.0f);
-        for (int offset = 16; offset > 0; offset /= 2) {
-            const float other = __shfl_xor_sync(0xffffffff, value, offset);
-            value = take_max ? fmaxf(value, other) : value + other;
-        }
-        if (lane == 0) per_warp[0] = value;
-    }
-    __syncthreads();
-    const float result = per_warp[0];
-    __syncthreads();
-    return result;
-}
-// ANCHOR_END: block_reduce
 
 // ANCHOR: attention_prefill
 extern "C" __global__ void attention_prefill(
@@ -84,7 +56,7 @@ extern "C" __global__ void attention_prefill(
         scores[j] = dot * scale;
         local_max = fmaxf(local_max, scores[j]);
     }
-    const float max_score = block_reduce(local_max, true);
+    const float max_score = block_max(local_max);
 
     // 2. Softmax: subtracting the maximum keeps every exp() at most 1.
     float local_sum = 0.0f;
@@ -92,7 +64,7 @@ extern "C" __global__ void attention_prefill(
         scores[j] = expf(scores[j] - max_score);
         local_sum += scores[j];
     }
-    const float sum = block_reduce(local_sum, false);  // also makes every score visible
+    const float sum = block_sum(local_sum);  // also makes every score visible
 
     // 3. Weighted sum of values: each thread owns output dimensions d.
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {

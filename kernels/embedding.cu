@@ -6,8 +6,8 @@
 
 #include <cuda_bf16.h>
 
-// ANCHOR: embedding_gather
-extern "C" __global__ void embedding_gather(
+// ANCHOR: embedding
+extern "C" __global__ void embedding(
     const __nv_bfloat16* table,  // [vocab, hidden]
     const unsigned int* ids,     // [tokens]
     __nv_bfloat16* out,          // [tokens, hidden]
@@ -20,4 +20,4 @@ extern "C" __global__ void embedding_gather(
         out_row[i] = row[i];
     }
 }
-// ANCHOR_END: embedding_gather
+// ANCHOR_END: embedding

@@ -8,7 +8,8 @@ use anyhow::{Context, Result, ensure};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
-use crate::checkpoint::{Checkpoint, TensorEntry};
+use crate::check::Checks;
+use crate::checkpoint::{Checkpoint, LAYER_TENSORS, TensorEntry, layer_tensor_name};
 use crate::config::Config;
 
 // ANCHOR: weights
@@ -47,18 +48,8 @@ impl Weights {
         let mut take = |name: &str| uploaded.remove(name).with_context(|| format!("tensor {name} was not uploaded"));
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
-            let mut take_layer = |suffix: &str| take(&format!("model.layers.{i}.{suffix}.weight"));
-            layers.push(LayerWeights {
-                input_layernorm: take_layer("input_layernorm")?,
-                q_proj: take_layer("self_attn.q_proj")?,
-                k_proj: take_layer("self_attn.k_proj")?,
-                v_proj: take_layer("self_attn.v_proj")?,
-                o_proj: take_layer("self_attn.o_proj")?,
-                post_attention_layernorm: take_layer("post_attention_layernorm")?,
-                gate_proj: take_layer("mlp.gate_proj")?,
-                up_proj: take_layer("mlp.up_proj")?,
-                down_proj: take_layer("mlp.down_proj")?,
-            });
+            let tensors = LAYER_TENSORS.map(|suffix| take(&layer_tensor_name(i, suffix)));
+            layers.push(LayerWeights::from_tensors(tensors)?);
         }
         let weights = Weights {
             embed_tokens: take("model.embed_tokens.weight")?,
@@ -75,22 +66,46 @@ impl Weights {
     pub fn named_buffers(&self) -> Vec<(String, &CudaSlice<bf16>)> {
         let mut buffers = vec![("model.embed_tokens.weight".to_string(), &self.embed_tokens)];
         for (i, layer) in self.layers.iter().enumerate() {
-            let name = |suffix: &str| format!("model.layers.{i}.{suffix}.weight");
-            buffers.extend([
-                (name("input_layernorm"), &layer.input_layernorm),
-                (name("self_attn.q_proj"), &layer.q_proj),
-                (name("self_attn.k_proj"), &layer.k_proj),
-                (name("self_attn.v_proj"), &layer.v_proj),
-                (name("self_attn.o_proj"), &layer.o_proj),
-                (name("post_attention_layernorm"), &layer.post_attention_layernorm),
-                (name("mlp.gate_proj"), &layer.gate_proj),
-                (name("mlp.up_proj"), &layer.up_proj),
-                (name("mlp.down_proj"), &layer.down_proj),
-            ]);
+            let names = LAYER_TENSORS.map(|suffix| layer_tensor_name(i, suffix));
+            buffers.extend(names.into_iter().zip(layer.tensors()));
         }
         buffers.push(("model.norm.weight".to_string(), &self.norm));
         buffers.extend(self.lm_head.iter().map(|head| ("lm_head.weight".to_string(), head)));
         buffers
+    }
+}
+
+impl LayerWeights {
+    /// The layer from its tensors, in the order of [`LAYER_TENSORS`].
+    fn from_tensors(tensors: [Result<CudaSlice<bf16>>; 9]) -> Result<Self> {
+        let [input_layernorm, q_proj, k_proj, v_proj, o_proj, post_attention_layernorm, gate_proj, up_proj, down_proj] =
+            tensors;
+        Ok(LayerWeights {
+            input_layernorm: input_layernorm?,
+            q_proj: q_proj?,
+            k_proj: k_proj?,
+            v_proj: v_proj?,
+            o_proj: o_proj?,
+            post_attention_layernorm: post_attention_layernorm?,
+            gate_proj: gate_proj?,
+            up_proj: up_proj?,
+            down_proj: down_proj?,
+        })
+    }
+
+    /// The layer's tensors, in the order of [`LAYER_TENSORS`].
+    fn tensors(&self) -> [&CudaSlice<bf16>; 9] {
+        [
+            &self.input_layernorm,
+            &self.q_proj,
+            &self.k_proj,
+            &self.v_proj,
+            &self.o_proj,
+            &self.post_attention_layernorm,
+            &self.gate_proj,
+            &self.up_proj,
+            &self.down_proj,
+        ]
     }
 }
 
@@ -134,6 +149,18 @@ impl FileCheck {
             ),
         }
     }
+}
+
+/// `--check` for the upload: one verdict line on [`check_against_file`]'s comparison.
+pub fn check_upload(stream: &Arc<CudaStream>, checkpoint: &Checkpoint, weights: &Weights) -> Result<()> {
+    let checked = check_against_file(stream, checkpoint, weights)?;
+    let mut checks = Checks::default();
+    let what = format!(
+        "{} tensors' start, middle and end ({} bytes) read back from the GPU vs the file",
+        checked.tensors, checked.bytes
+    );
+    checks.record(&what, &checked.summary(), "0 differing values", checked.differing == 0);
+    checks.finish()
 }
 
 // ANCHOR: check

@@ -11,7 +11,7 @@
 
 use std::fs::File;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
 use memmap2::Mmap;
@@ -39,26 +39,43 @@ pub struct Checkpoint {
 }
 
 // ANCHOR: expected_tensors
+/// The nine tensors of every decoder layer, named `model.layers.{i}.{suffix}.weight`: the
+/// one list of them that the loader, the uploader and the check all follow.
+pub const LAYER_TENSORS: [&str; 9] = [
+    "input_layernorm",
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "post_attention_layernorm",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+];
+
+/// The file's name for one of layer `layer`'s [`LAYER_TENSORS`].
+pub fn layer_tensor_name(layer: usize, suffix: &str) -> String {
+    format!("model.layers.{layer}.{suffix}.weight")
+}
+
 /// Every tensor a Llama model needs, with the shape its config implies, in PyTorch's
 /// `[out_features, in_features]` layout for linear layers.
 pub fn expected_tensors(config: &Config) -> Vec<(String, Vec<usize>)> {
     let (hidden, ffn, vocab) = (config.hidden_size, config.intermediate_size, config.vocab_size);
     let q_dim = config.num_attention_heads * config.head_dim;
     let kv_dim = config.num_key_value_heads * config.head_dim;
+    let layer_shape = |suffix: &str| match suffix {
+        "input_layernorm" | "post_attention_layernorm" => vec![hidden],
+        "self_attn.q_proj" => vec![q_dim, hidden],
+        "self_attn.k_proj" | "self_attn.v_proj" => vec![kv_dim, hidden],
+        "self_attn.o_proj" => vec![hidden, q_dim],
+        "mlp.gate_proj" | "mlp.up_proj" => vec![ffn, hidden],
+        "mlp.down_proj" => vec![hidden, ffn],
+        other => unreachable!("{other} is not in LAYER_TENSORS"),
+    };
     let mut tensors = vec![("model.embed_tokens.weight".to_string(), vec![vocab, hidden])];
     for layer in 0..config.num_hidden_layers {
-        let name = |suffix: &str| format!("model.layers.{layer}.{suffix}.weight");
-        tensors.extend([
-            (name("input_layernorm"), vec![hidden]),
-            (name("self_attn.q_proj"), vec![q_dim, hidden]),
-            (name("self_attn.k_proj"), vec![kv_dim, hidden]),
-            (name("self_attn.v_proj"), vec![kv_dim, hidden]),
-            (name("self_attn.o_proj"), vec![hidden, q_dim]),
-            (name("post_attention_layernorm"), vec![hidden]),
-            (name("mlp.gate_proj"), vec![ffn, hidden]),
-            (name("mlp.up_proj"), vec![ffn, hidden]),
-            (name("mlp.down_proj"), vec![hidden, ffn]),
-        ]);
+        tensors.extend(LAYER_TENSORS.map(|suffix| (layer_tensor_name(layer, suffix), layer_shape(suffix))));
     }
     tensors.push(("model.norm.weight".to_string(), vec![hidden]));
     if !config.tie_word_embeddings {
@@ -136,3 +153,59 @@ pub fn raw_header(file: &[u8]) -> Result<&str> {
     std::str::from_utf8(&file[8..end as usize]).context("the header is not UTF-8 text")
 }
 // ANCHOR_END: raw_header
+
+/// `DIR/model.safetensors`, with an error that says what to do when it is missing.
+pub fn model_file(model_dir: &Path) -> Result<PathBuf> {
+    if !model_dir.is_dir() {
+        bail!(
+            "model directory {} does not exist. Download the weights with\n  \
+             huggingface-cli download meta-llama/Llama-3.2-1B-Instruct --local-dir models/llama-3.2-1b-instruct\n\
+             or write a synthetic checkpoint with\n  \
+             cargo x synth --config 1b --out models/synthetic-1b   (then pass --model models/synthetic-1b)",
+            model_dir.display()
+        );
+    }
+    let file = model_dir.join("model.safetensors");
+    if !file.is_file() {
+        bail!("{} not found (this engine reads a single model.safetensors file)", file.display());
+    }
+    Ok(file)
+}
+
+/// `--header`: the header's length and its raw JSON, read by hand.
+pub fn print_header(model_file: &Path) -> Result<()> {
+    let file = map_file(model_file)?;
+    let header = raw_header(&file).with_context(|| format!("{} is corrupt", model_file.display()))?;
+    println!("header length (first 8 bytes, little-endian u64): {}", header.len());
+    println!("{header}");
+    Ok(())
+}
+
+// ANCHOR: table
+/// The tensor table: the first layer in full, the other layers as one line.
+pub fn print_table(checkpoint: &Checkpoint, config: &Config) {
+    let mib = |bytes: usize| bytes as f64 / (1024.0 * 1024.0);
+    let shape = |s: &[usize]| s.iter().map(usize::to_string).collect::<Vec<_>>().join(" x ");
+    let is_later_layer = |name: &str| name.starts_with("model.layers.") && !name.starts_with("model.layers.0.");
+    let last_of_layer_0 = layer_tensor_name(0, LAYER_TENSORS[LAYER_TENSORS.len() - 1]);
+    println!("{:<48} {:>14} {:>10}", "tensor", "shape", "MiB");
+    for entry in &checkpoint.tensors {
+        if is_later_layer(&entry.name) {
+            continue;
+        }
+        println!("{:<48} {:>14} {:>10.3}", entry.name, shape(&entry.shape), mib(entry.bytes.len()));
+        if entry.name == last_of_layer_0 && config.num_hidden_layers > 1 {
+            let later: usize =
+                checkpoint.tensors.iter().filter(|t| is_later_layer(&t.name)).map(|t| t.bytes.len()).sum();
+            let label = match config.num_hidden_layers - 1 {
+                1 => "layer 1: the same 9 tensors".to_string(),
+                last => format!("layers 1 to {last}: the same 9 tensors each"),
+            };
+            println!("{label:<48} {:>14} {:>10.3}", "", mib(later));
+        }
+    }
+    let total_bytes: usize = checkpoint.tensors.iter().map(|t| t.bytes.len()).sum();
+    let label = format!("total: {} tensors, {} parameters", checkpoint.tensors.len(), total_bytes / 2);
+    println!("{label:<48} {:>14} {:>10.3}", "", mib(total_bytes));
+}
+// ANCHOR_END: table

@@ -27,7 +27,15 @@ pub struct Config {
     pub rope_theta: Option<f64>,
     #[serde(alias = "rope_parameters")]
     pub rope_scaling: Option<RopeScaling>,
+    /// The tokens that end generation: one id or a list; [`Config::from_file`] fills in
+    /// Llama 3's three when the file has none.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub eos_token_id: Vec<u32>,
 }
+
+/// Llama 3's end tokens: `<|end_of_text|>`, `<|eom_id|>` (end of a tool-call message) and
+/// `<|eot_id|>` (end of a turn, what a chat model writes when its answer is done).
+pub const LLAMA3_EOS_TOKEN_IDS: [u32; 3] = [128_001, 128_008, 128_009];
 
 /// Llama 3's RoPE frequency scaling (`"rope_type": "llama3"`), explained in chapter 5.
 /// The numbers are absent (zero here) when `rope_type` is `"default"`: no scaling.
@@ -59,6 +67,9 @@ impl Config {
         }
         if config.rope_scaling.as_ref().is_some_and(|s| s.rope_type == "default") {
             config.rope_scaling = None;
+        }
+        if config.eos_token_id.is_empty() {
+            config.eos_token_id = LLAMA3_EOS_TOKEN_IDS.to_vec();
         }
         config.validate().with_context(|| format!("{} is not a usable Llama config", path.display()))?;
         Ok(config)
@@ -109,11 +120,28 @@ impl Config {
             ),
             None => "no scaling".to_string(),
         };
+        let eos: Vec<String> = self.eos_token_id.iter().map(u32::to_string).collect();
         format!(
-            "rope_theta {} with {rope}, rms_norm_eps {:e}, max positions {}",
+            "rope_theta {} with {rope}, rms_norm_eps {:e}, max positions {}, end tokens {}",
             self.rope_theta.unwrap_or_default(),
             self.rms_norm_eps,
-            self.max_position_embeddings
+            self.max_position_embeddings,
+            eos.join(" ")
         )
     }
+}
+
+/// `eos_token_id` is a single id in some files and a list in others (Llama 3.2 Instruct).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<u32>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(u32),
+        Many(Vec<u32>),
+    }
+    Ok(match Option::<OneOrMany>::deserialize(deserializer)? {
+        None => Vec::new(),
+        Some(OneOrMany::One(id)) => vec![id],
+        Some(OneOrMany::Many(ids)) => ids,
+    })
 }

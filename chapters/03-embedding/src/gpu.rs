@@ -1,5 +1,5 @@
-//! The GPU side of the engine: a stream to queue work on, and our CUDA kernels,
-//! compiled from source when the program starts.
+//! The GPU side of the engine: opening the device, a stream to queue work on, and our CUDA
+//! kernels, compiled from source when the program starts.
 //!
 //! Kernels live in `kernels/*.cu` and travel inside the binary (`include_str!`). At
 //! start-up NVRTC, NVIDIA's run-time compiler, turns them into PTX for this GPU's
@@ -12,10 +12,33 @@ use anyhow::{Context, Result, anyhow, bail};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
 use cudarc::nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts};
 
+// ANCHOR: open_gpu
+/// Opens GPU 0. cudarc loads the driver library at run time, so we check it is there
+/// first: a machine without one gets an error message rather than a panic.
+pub fn open_gpu() -> Result<Arc<CudaContext>> {
+    // SAFETY: only tries to load libcuda; nothing is called through it.
+    let driver_present = unsafe { cudarc::driver::sys::is_culib_present() };
+    if !driver_present {
+        bail!("no NVIDIA driver found (libcuda.so cannot be loaded); use --no-gpu to validate the files only");
+    }
+    CudaContext::new(0).context("cannot open GPU 0")
+}
+// ANCHOR_END: open_gpu
+
+/// The GPU's name and memory, for the run's header.
+pub fn describe(ctx: &CudaContext) -> Result<String> {
+    let (free, total) = ctx.mem_get_info()?;
+    Ok(format!("{} ({:.1} GiB free of {:.1} GiB)", ctx.name()?, gib(free), gib(total)))
+}
+
+fn gib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0 * 1024.0)
+}
+
 // ANCHOR: kernels
 /// Every kernel the engine launches.
 pub struct Kernels {
-    pub embedding_gather: CudaFunction,
+    pub embedding: CudaFunction,
 }
 // ANCHOR_END: kernels
 
@@ -25,6 +48,8 @@ pub struct Gpu {
     pub kernels: Kernels,
     /// The virtual architecture the kernels were compiled for, e.g. `compute_90`.
     pub arch: String,
+    /// Set for `--check`: every op first fills its output with NaN (see [`Gpu::poison`]).
+    pub poison_outputs: bool,
 }
 
 impl Gpu {
@@ -43,27 +68,41 @@ impl Gpu {
         let compile = |name: &str, source: &str| compile_kernel(ctx, name, source, &arch, &include_dir);
 
         let embedding = compile("embedding.cu", include_str!("../../../kernels/embedding.cu"))?;
-        let kernels = Kernels { embedding_gather: embedding.load_function("embedding_gather")? };
-        Ok(Gpu { stream, kernels, arch })
+        let kernels = Kernels { embedding: embedding.load_function("embedding")? };
+        Ok(Gpu { stream, kernels, arch, poison_outputs: false })
     }
     // ANCHOR_END: gpu_new
 
     // ANCHOR: alloc_nan
     /// A new buffer with every bit set: NaN for floats, `u32::MAX` (no valid token id) for
-    /// ids. Kernels write their outputs into such buffers, so an element a kernel forgets
-    /// to write cannot pass a check.
+    /// ids. Activations start out so, and so a value a kernel forgets to write cannot pass
+    /// a check.
     pub fn alloc_nan<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
         // SAFETY: every byte is set right below, before anything reads the buffer.
         let mut buffer = unsafe { self.stream.alloc::<T>(len) }?;
-        let bytes = len * std::mem::size_of::<T>();
-        {
-            let (pointer, _record) = buffer.device_ptr_mut(&self.stream);
-            // SAFETY: `pointer` addresses `bytes` bytes owned by `buffer`, on this stream.
-            unsafe { cudarc::driver::result::memset_d8_async(pointer, 0xFF, bytes, self.stream.cu_stream()) }?;
-        }
+        fill_with_ones(&self.stream, &mut buffer)?;
         Ok(buffer)
     }
+
+    /// Under `--check`, fills an op's output with NaN before the op writes it, so that a
+    /// kernel that skips rows leaves NaN there, not the last forward pass's values. Without
+    /// `--check` it does nothing: the forward pass makes no memset.
+    pub fn poison<T>(&self, out: &mut impl DevicePtrMut<T>) -> Result<()> {
+        if self.poison_outputs {
+            fill_with_ones(&self.stream, out)?;
+        }
+        Ok(())
+    }
     // ANCHOR_END: alloc_nan
+}
+
+/// Sets every bit of a GPU buffer, on the stream.
+fn fill_with_ones<T>(stream: &Arc<CudaStream>, buffer: &mut impl DevicePtrMut<T>) -> Result<()> {
+    let bytes = buffer.num_bytes();
+    let (pointer, _record) = buffer.device_ptr_mut(stream);
+    // SAFETY: `pointer` addresses `bytes` bytes owned by `buffer`, on this stream.
+    unsafe { cudarc::driver::result::memset_d8_async(pointer, 0xFF, bytes, stream.cu_stream()) }?;
+    Ok(())
 }
 
 // ANCHOR: compile_kernel

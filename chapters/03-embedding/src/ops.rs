@@ -1,36 +1,35 @@
-//! The operations of the forward pass, one function per kernel launch. Each takes its
-//! inputs on the GPU and returns a new GPU buffer; nothing here waits for the GPU.
+//! The operations of the forward pass, one function per kernel launch.
+//!
+//! Every op has the same shape: `op(gpu, inputs…, out, sizes…)`. Inputs are views of GPU
+//! buffers (weights are whole tensors), `out` is a view the op writes, and the op first
+//! checks that the sizes agree, since a kernel trusts them. Nothing here allocates, and
+//! nothing waits for the GPU.
 
-use anyhow::Result;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use anyhow::{Result, ensure};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use crate::config::Config;
 use crate::gpu::Gpu;
-use crate::weights::Weights;
 
 // ANCHOR: embed
-/// Uploads the token ids and gathers their embedding rows on the GPU:
-/// `[tokens] → [tokens, hidden]`.
-pub fn embed(gpu: &Gpu, weights: &Weights, config: &Config, ids: &[u32]) -> Result<CudaSlice<bf16>> {
-    // The kernel trusts its ids; an id past the table would read someone else's memory.
-    if let Some(bad) = ids.iter().find(|&&id| id as usize >= config.vocab_size) {
-        anyhow::bail!("token id {bad} is outside the vocabulary of {} tokens", config.vocab_size);
-    }
-    let ids_on_gpu = gpu.stream.clone_htod(ids)?;
-    let mut out = gpu.alloc_nan::<bf16>(ids.len() * config.hidden_size)?;
-    let hidden = config.hidden_size as i32;
+/// Gathers the embedding rows of the token ids: `[tokens] → [tokens, hidden]`.
+/// The ids must be within the table (the kernel trusts them; see `Model::embed`).
+pub fn embedding(
+    gpu: &Gpu,
+    table: &CudaSlice<bf16>,
+    ids: &CudaView<u32>,
+    out: &mut CudaViewMut<bf16>,
+    hidden: usize,
+) -> Result<()> {
+    ensure!(table.len().is_multiple_of(hidden), "embedding: the table is not {hidden} wide");
+    ensure!(out.len() == ids.len() * hidden, "embedding: the output does not hold one row per id");
+    gpu.poison(out)?;
     let launch = LaunchConfig { grid_dim: (ids.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: the arguments match the kernel's signature, and every id was checked above.
+    let hidden = hidden as i32;
+    // SAFETY: the arguments match the kernel's signature and the sizes checked above.
     unsafe {
-        gpu.stream
-            .launch_builder(&gpu.kernels.embedding_gather)
-            .arg(&weights.embed_tokens)
-            .arg(&ids_on_gpu)
-            .arg(&mut out)
-            .arg(&hidden)
-            .launch(launch)
+        gpu.stream.launch_builder(&gpu.kernels.embedding).arg(table).arg(ids).arg(out).arg(&hidden).launch(launch)
     }?;
-    Ok(out)
+    Ok(())
 }
 // ANCHOR_END: embed

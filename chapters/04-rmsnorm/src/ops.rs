@@ -1,59 +1,67 @@
-//! The operations of the forward pass, one function per kernel launch. Each takes its
-//! inputs on the GPU and returns a new GPU buffer; nothing here waits for the GPU.
+//! The operations of the forward pass, one function per kernel launch.
+//!
+//! Every op has the same shape: `op(gpu, inputs…, out, sizes…)`. Inputs are views of GPU
+//! buffers (weights are whole tensors), `out` is a view the op writes, and the op first
+//! checks that the sizes agree, since a kernel trusts them. Nothing here allocates, and
+//! nothing waits for the GPU.
 
-use anyhow::Result;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use anyhow::{Result, ensure};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use crate::config::Config;
 use crate::gpu::Gpu;
-use crate::weights::Weights;
 
 // ANCHOR: embed
-/// Uploads the token ids and gathers their embedding rows on the GPU:
-/// `[tokens] → [tokens, hidden]`.
-pub fn embed(gpu: &Gpu, weights: &Weights, config: &Config, ids: &[u32]) -> Result<CudaSlice<bf16>> {
-    // The kernel trusts its ids; an id past the table would read someone else's memory.
-    if let Some(bad) = ids.iter().find(|&&id| id as usize >= config.vocab_size) {
-        anyhow::bail!("token id {bad} is outside the vocabulary of {} tokens", config.vocab_size);
-    }
-    let ids_on_gpu = gpu.stream.clone_htod(ids)?;
-    let mut out = gpu.alloc_nan::<bf16>(ids.len() * config.hidden_size)?;
-    let hidden = config.hidden_size as i32;
+/// Gathers the embedding rows of the token ids: `[tokens] → [tokens, hidden]`.
+/// The ids must be within the table (the kernel trusts them; see `Model::embed`).
+pub fn embedding(
+    gpu: &Gpu,
+    table: &CudaSlice<bf16>,
+    ids: &CudaView<u32>,
+    out: &mut CudaViewMut<bf16>,
+    hidden: usize,
+) -> Result<()> {
+    ensure!(table.len().is_multiple_of(hidden), "embedding: the table is not {hidden} wide");
+    ensure!(out.len() == ids.len() * hidden, "embedding: the output does not hold one row per id");
+    gpu.poison(out)?;
     let launch = LaunchConfig { grid_dim: (ids.len() as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: the arguments match the kernel's signature, and every id was checked above.
+    let hidden = hidden as i32;
+    // SAFETY: the arguments match the kernel's signature and the sizes checked above.
     unsafe {
-        gpu.stream
-            .launch_builder(&gpu.kernels.embedding_gather)
-            .arg(&weights.embed_tokens)
-            .arg(&ids_on_gpu)
-            .arg(&mut out)
-            .arg(&hidden)
-            .launch(launch)
+        gpu.stream.launch_builder(&gpu.kernels.embedding).arg(table).arg(ids).arg(out).arg(&hidden).launch(launch)
     }?;
-    Ok(out)
+    Ok(())
 }
 // ANCHOR_END: embed
 
 // ANCHOR: rms_norm
-/// RMSNorm of each of `rows` rows: `[rows, hidden] → [rows, hidden]`.
-pub fn rms_norm(gpu: &Gpu, x: &CudaSlice<bf16>, weight: &CudaSlice<bf16>, config: &Config) -> Result<CudaSlice<bf16>> {
-    let rows = x.len() / config.hidden_size;
-    let mut out = gpu.alloc_nan::<bf16>(x.len())?;
-    let (hidden, eps) = (config.hidden_size as i32, config.rms_norm_eps);
+/// RMSNorm of every row: `[rows, hidden] → [rows, hidden]`.
+pub fn rms_norm(
+    gpu: &Gpu,
+    x: &CudaView<bf16>,
+    weight: &CudaSlice<bf16>,
+    out: &mut CudaViewMut<bf16>,
+    hidden: usize,
+    eps: f32,
+) -> Result<()> {
+    ensure!(weight.len() == hidden && x.len().is_multiple_of(hidden), "rms_norm: rows are not {hidden} wide");
+    ensure!(out.len() == x.len(), "rms_norm: the output is not the input's size");
+    gpu.poison(out)?;
+    let rows = x.len() / hidden;
     // One block of 256 threads (8 warps) per row: each thread handles 8 of 2,048 values.
     let launch = LaunchConfig { grid_dim: (rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    // SAFETY: the arguments match the kernel's signature; x and out hold rows · hidden values.
+    let hidden = hidden as i32;
+    // SAFETY: the arguments match the kernel's signature and the sizes checked above.
     unsafe {
         gpu.stream
             .launch_builder(&gpu.kernels.rms_norm)
             .arg(x)
             .arg(weight)
-            .arg(&mut out)
+            .arg(out)
             .arg(&hidden)
             .arg(&eps)
             .launch(launch)
     }?;
-    Ok(out)
+    Ok(())
 }
 // ANCHOR_END: rms_norm

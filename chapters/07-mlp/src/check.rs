@@ -9,11 +9,15 @@
 //! one run shows every result. From this chapter on, most comparisons are between what
 //! the GPU computed and the CPU reference (`llama-reference`).
 
-use anyhow::{Result, bail};
-use half::bf16;
-use llama_reference::{LayerCache, Matrix, Model};
+use std::path::Path;
 
-use crate::model::{ATTENTION_ROUNDINGS, MLP_ROUNDINGS};
+use anyhow::{Context, Result, bail};
+use half::bf16;
+use llama_reference::{LayerCache, Matrix};
+
+use crate::generate::Generation;
+use crate::model::{ATTENTION_ROUNDINGS, MLP_ROUNDINGS, Model, Moment, Sublayer};
+use crate::ops;
 
 // ANCHOR: measure
 /// How far a GPU result is from the reference.
@@ -102,7 +106,7 @@ impl Checks {
             println!("       {difference}");
         }
     }
-    // ANCHOR_END: compare_tokens    // ANCHOR_END: compare_tokens
+    // ANCHOR_END: compare_tokens
 
     // ANCHOR: compare_steps
     /// Compares the logits of every generation step, each with the reference's logits for
@@ -207,7 +211,7 @@ pub struct SublayerSize {
 
 impl Growth {
     /// Runs the reference over `ids`, sublayer by sublayer.
-    pub fn measure(reference: &Model, ids: &[u32]) -> anyhow::Result<Growth> {
+    pub fn measure(reference: &llama_reference::Model, ids: &[u32]) -> anyhow::Result<Growth> {
         let positions: Vec<usize> = (0..ids.len()).collect();
         let mut x = reference.embed(ids)?;
         let mut sublayers = Vec::new();
@@ -274,3 +278,146 @@ impl SublayerSize {
 pub fn to_f32(values: &[bf16]) -> Vec<f32> {
     values.iter().map(|v| v.to_f32()).collect()
 }
+
+// ANCHOR: check_against_reference
+/// Checks, in one forward pass over the prompt watched by a hook, the embedding and then
+/// every sublayer on the GPU's own input to it; then, from the tokens, the logits of the
+/// prompt's last position (that same pass's) and of every generation step, and the greedy
+/// tokens. Every limit comes from the arithmetic (see above).
+pub fn check_against_reference(
+    model: &mut Model,
+    model_dir: &Path,
+    ids: &[u32],
+    generation: &Generation,
+) -> Result<()> {
+    let reference = llama_reference::Model::load(model_dir).context("loading the CPU reference model")?;
+    let mut checks = Checks::default();
+    // The limits scale with the sizes the reference's stream takes on the whole sequence.
+    let sequence = [ids, &generation.tokens].concat();
+    let growth = Growth::measure(&reference, &sequence)?;
+
+    let mut watch = SublayerWatch::new(&reference, ids.len());
+    model.forward_with_hook(ids, |model, layer, sublayer, moment| watch.see(model, layer, sublayer, moment))?;
+    // Chapter 3's check: the embedding rows are copies, exact.
+    let what = format!("embedding rows of {} prompt tokens", ids.len());
+    checks.compare(&what, &watch.embedded, &reference.embed(ids)?.data, 0.0);
+    watch.record(&mut checks, model.config.num_hidden_layers);
+
+    // From the tokens, as a user sees it: the bf16 rounding of all layers included.
+    let logits_limit = growth.logits_limit(model.config.vocab_size);
+    let logits = model.gpu.stream.clone_dtoh(&model.act.logits)?;
+    let what = "logits of the prompt's last position, all from the tokens";
+    checks.compare(what, &logits, &reference.last_logits(ids)?, logits_limit);
+    let generated = generation.tokens.len();
+    if generated > 0 {
+        let expected_steps = reference.step_logits(ids, &generation.tokens)?;
+        let what = format!("logits of each of the {generated} generation steps, on the GPU's tokens");
+        checks.compare_steps(&what, &generation.step_logits, &expected_steps, logits_limit);
+        let what = format!("each of the {generated} greedy tokens, on the GPU's tokens before it");
+        checks.compare_tokens(&what, &generation.tokens, &expected_steps, logits_limit);
+    }
+    checks.finish()
+}
+
+/// The forward pass's hook for `--check`: before each sublayer it keeps the stream (the
+/// sublayer's input); after it, it measures the sublayer's change to the stream (its output
+/// projection's product, before the residual add) against the reference's change on that
+/// same input, so each measurement is that sublayer's own error, not the drift of the ones
+/// before; then the residual add itself, against the roundings it allows.
+struct SublayerWatch<'a> {
+    reference: &'a llama_reference::Model,
+    positions: Vec<usize>,
+    /// The embedding rows: the stream before the first sublayer.
+    embedded: Vec<f32>,
+    /// The stream before the sublayer running now.
+    input: Matrix,
+    /// (how far toward its limit, which sublayer, error, limit) of the worst change.
+    worst_change: Option<(f32, String, Error, f32)>,
+    /// The worst residual add, as a fraction of what its roundings allow.
+    worst_add: (f32, String),
+}
+
+impl<'a> SublayerWatch<'a> {
+    fn new(reference: &'a llama_reference::Model, rows: usize) -> Self {
+        SublayerWatch {
+            reference,
+            positions: (0..rows).collect(),
+            embedded: Vec::new(),
+            input: Matrix::from_vec(0, 0, Vec::new()),
+            worst_change: None,
+            worst_add: (0.0, String::new()),
+        }
+    }
+
+    fn see(&mut self, model: &Model, layer: usize, sublayer: Sublayer, moment: Moment) -> Result<()> {
+        let stream = model.read(&model.act.x)?;
+        if moment == Moment::Before {
+            if layer == 0 && sublayer == Sublayer::Attention {
+                self.embedded = stream.clone();
+            }
+            self.input = Matrix::from_vec(self.positions.len(), model.config.hidden_size, stream);
+            return Ok(());
+        }
+        let change = sublayer_change(model, layer, sublayer)?;
+        let (reference, reference_layer) = (self.reference, &self.reference.layers[layer]);
+        let (expected, roundings) = match sublayer {
+            Sublayer::Attention => {
+                let mut cache = LayerCache::default();
+                let (config, inv_freq) = (&reference.config, &reference.inv_freq);
+                let out = reference_layer.attention_block(config, inv_freq, &self.input, &self.positions, &mut cache);
+                (out, ATTENTION_ROUNDINGS)
+            }
+            Sublayer::Mlp => (reference_layer.mlp_block(&reference.config, &self.input), MLP_ROUNDINGS),
+        };
+        let expected_change: Vec<f32> = expected.data.iter().zip(&self.input.data).map(|(o, i)| o - i).collect();
+        let error = measure(&change, &expected_change);
+        let mut budget = RoundingBudget::default();
+        budget.add(roundings, 1.0);
+        let limit = budget.limit(change.len());
+        let which = format!("layer {layer}'s {}", if sublayer == Sublayer::Attention { "attention" } else { "MLP" });
+        // NaN anywhere is worse than any finite error.
+        let toward = if error.nan_count > 0 { f32::INFINITY } else { error.relative / limit };
+        if self.worst_change.as_ref().is_none_or(|w| toward > w.0) {
+            self.worst_change = Some((toward, which.clone(), error, limit));
+        }
+        let add = residual_add_error(&self.input.data, &stream, &change);
+        if add >= self.worst_add.0 {
+            self.worst_add = (add, which);
+        }
+        Ok(())
+    }
+
+    /// Two verdicts: the sublayer nearest its limit, and the worst residual add.
+    fn record(&self, checks: &mut Checks, layers: usize) {
+        let sublayers = 2 * layers;
+        if let Some((_, which, error, limit)) = &self.worst_change {
+            let what =
+                format!("each of the {sublayers} sublayers' change on its GPU input (nearest its limit - {which})");
+            checks.record_error(&what, error, *limit);
+        }
+        let (add, which) = &self.worst_add;
+        let what = format!("each of the {sublayers} residual adds, output - input - change (worst - {which})");
+        let measured = if *add < 100.0 {
+            format!("{add:.2} of what its roundings allow")
+        } else {
+            format!("{add:.1e} times what its roundings allow")
+        };
+        checks.record(&what, &measured, "1", *add <= 1.0);
+    }
+}
+
+/// What a sublayer that just ran added to the stream: its output projection applied again
+/// to the input it projected (still in `attended`, or in `gate` for the MLP), into a
+/// buffer of the check's own.
+fn sublayer_change(model: &Model, layer: usize, sublayer: Sublayer) -> Result<Vec<f32>> {
+    let (config, weights, act) = (&model.config, &model.weights.layers[layer], &model.act);
+    let (projected, projection, width) = match sublayer {
+        Sublayer::Attention => (&act.attended, &weights.o_proj, config.num_attention_heads * config.head_dim),
+        Sublayer::Mlp => (&act.gate, &weights.down_proj, config.intermediate_size),
+    };
+    let mut change = model.gpu.alloc_nan::<bf16>(model.rows * config.hidden_size)?;
+    let projected = projected.slice(..model.rows * width);
+    ops::linear(&model.gpu, &projected, projection, &mut change.slice_mut(..), width)?;
+    Ok(to_f32(&model.gpu.stream.clone_dtoh(&change)?))
+}
+// ANCHOR_END: check_against_reference

@@ -6,13 +6,11 @@
 use std::time::Instant;
 
 use anyhow::{Result, ensure};
-use cudarc::driver::CudaSlice;
 
-use crate::config::Config;
-use crate::gpu::Gpu;
-use crate::tokenizer::STOP_TOKENS;
-use crate::weights::Weights;
-use crate::{MAX_CONTEXT, model, ops};
+use crate::config::{Config, MAX_CONTEXT};
+use crate::model::Model;
+use crate::ops;
+use crate::tokenizer::commands::join_ids;
 
 // ANCHOR: context
 /// The most tokens one sequence may have processed: our [`MAX_CONTEXT`], or less when the
@@ -38,15 +36,17 @@ pub enum Stop {
 
 // ANCHOR: stop_reason
 /// Why generation stops after a new token `last`, predicted from `processed` tokens, when
-/// `generated` tokens have been produced; `None` to go on.
+/// `generated` tokens have been produced; `None` to go on. `end_tokens` are `config.json`'s
+/// `eos_token_id`.
 pub fn stop_reason(
     last: u32,
+    end_tokens: &[u32],
     generated: usize,
     max_new_tokens: usize,
     processed: usize,
     context: usize,
 ) -> Option<Stop> {
-    if STOP_TOKENS.contains(&last) {
+    if end_tokens.contains(&last) {
         Some(Stop::EndToken(last))
     } else if generated == max_new_tokens {
         Some(Stop::Budget)
@@ -70,37 +70,33 @@ pub struct Generation {
 
 // ANCHOR: generate
 /// Generates up to `max_new_tokens` after `prompt`, calling `emit` with each new token
-/// (stop tokens are not emitted). With `keep_logits`, also returns the logits of each step.
-#[allow(clippy::too_many_arguments)]
+/// (end tokens are not emitted). With `keep_logits`, also returns the logits of each step.
 pub fn generate(
-    gpu: &Gpu,
-    weights: &Weights,
-    config: &Config,
-    inv_freq: &CudaSlice<f32>,
+    model: &mut Model,
     prompt: &[u32],
     max_new_tokens: usize,
     keep_logits: bool,
     mut emit: impl FnMut(u32) -> Result<()>,
 ) -> Result<Generation> {
     let start = Instant::now();
-    let context = context_limit(config);
+    let context = context_limit(&model.config);
     ensure!(prompt.len() <= context, "the prompt is {} tokens; the context holds {context}", prompt.len());
-    let mut sequence = prompt.to_vec();
-    let mut tokens = Vec::new();
+    // Room for every token the sequence can reach, so the loop never reallocates.
+    let mut sequence = Vec::with_capacity(context);
+    sequence.extend_from_slice(prompt);
+    let mut tokens = Vec::with_capacity(max_new_tokens.min(context));
     let mut step_logits = Vec::new();
     if max_new_tokens == 0 {
         return Ok(Generation { tokens, stop: Stop::Budget, seconds: 0.0, step_logits });
     }
     let stop = loop {
-        let logits = model::forward(gpu, weights, config, inv_freq, &sequence)?;
+        model.forward(&sequence)?;
         if keep_logits {
-            step_logits.push(gpu.stream.clone_dtoh(&logits)?);
+            step_logits.push(model.gpu.stream.clone_dtoh(&model.act.logits)?);
         }
-        let next = ops::argmax(gpu, &logits, config.vocab_size)?;
-        let next = gpu.stream.clone_dtoh(&next)?[0]; // waits for the GPU
-        ensure!((next as usize) < config.vocab_size, "the logits contain NaN: the forward pass went wrong");
+        let next = model.next_token()?;
         tokens.push(next);
-        let stop = stop_reason(next, tokens.len(), max_new_tokens, sequence.len(), context);
+        let stop = stop_reason(next, &model.config.eos_token_id, tokens.len(), max_new_tokens, sequence.len(), context);
         if !matches!(stop, Some(Stop::EndToken(_))) {
             emit(next)?;
         }
@@ -113,16 +109,41 @@ pub fn generate(
 }
 // ANCHOR_END: generate
 
+// ANCHOR: summary
+impl Generation {
+    /// The generated ids, and one line of statistics: lengths, time, speed and why
+    /// generation stopped.
+    pub fn print_summary(&self, prompt_tokens: usize, context: usize) {
+        let reason = match self.stop {
+            Stop::EndToken(id) => format!("stop token {id}"),
+            Stop::Budget => "token budget reached".to_string(),
+            Stop::Context => format!("context of {context} tokens full"),
+        };
+        println!("generated ids: {}", join_ids(&self.tokens));
+        let speed = match self.tokens.len() {
+            0 => String::new(),
+            n => format!(": {:.1} tokens/s", n as f64 / self.seconds),
+        };
+        println!(
+            "prompt {prompt_tokens} tokens, generated {} tokens in {:.3} s{speed} (stopped: {reason})",
+            self.tokens.len(),
+            self.seconds
+        );
+    }
+}
+// ANCHOR_END: summary
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const WORD: u32 = 1000;
+    const END_TOKENS: [u32; 3] = crate::config::LLAMA3_EOS_TOKEN_IDS;
 
     /// How many tokens a prompt of `prompt` tokens receives, by the stop rule alone.
     fn tokens_received(prompt: usize, max_new_tokens: usize, context: usize) -> usize {
         // The n-th new token is predicted from the prompt and the n - 1 tokens before it.
-        (1..).find(|&n| stop_reason(WORD, n, max_new_tokens, prompt + n - 1, context).is_some()).unwrap()
+        (1..).find(|&n| stop_reason(WORD, &END_TOKENS, n, max_new_tokens, prompt + n - 1, context).is_some()).unwrap()
     }
 
     #[test]
@@ -130,14 +151,14 @@ mod tests {
         assert_eq!(tokens_received(2048, 100, 2048), 1);
         assert_eq!(tokens_received(2047, 100, 2048), 2);
         assert_eq!(tokens_received(10, 5000, 2048), 2048 - 10 + 1);
-        assert_eq!(stop_reason(WORD, 1, 100, 2048, 2048), Some(Stop::Context));
+        assert_eq!(stop_reason(WORD, &END_TOKENS, 1, 100, 2048, 2048), Some(Stop::Context));
     }
 
     #[test]
     fn stop_tokens_come_first_then_the_budget() {
-        assert_eq!(stop_reason(128_009, 3, 3, 2048, 2048), Some(Stop::EndToken(128_009)));
-        assert_eq!(stop_reason(WORD, 3, 3, 2048, 2048), Some(Stop::Budget));
+        assert_eq!(stop_reason(128_009, &END_TOKENS, 3, 3, 2048, 2048), Some(Stop::EndToken(128_009)));
+        assert_eq!(stop_reason(WORD, &END_TOKENS, 3, 3, 2048, 2048), Some(Stop::Budget));
         assert_eq!(tokens_received(10, 5, 2048), 5);
-        assert_eq!(stop_reason(WORD, 2, 3, 100, 2048), None);
+        assert_eq!(stop_reason(WORD, &END_TOKENS, 2, 3, 100, 2048), None);
     }
 }

@@ -1,4 +1,5 @@
-//! The whole model: the embedding, 16 decoder layers, the final norm and the LM head.
+//! The model on the GPU: its weights, its shape, and the activation buffers its forward
+//! pass writes, allocated once for the most tokens the program runs.
 //!
 //! Each decoder layer is two sublayers that add to the residual stream `x`:
 //!
@@ -6,107 +7,290 @@
 //! x += o_proj(attention(rope(q), rope(k), v))   with q, k, v projected from rms_norm(x)
 //! x += down_proj(silu(gate_proj(h)) * up_proj(h))   with h = rms_norm(x)
 //! ```
+//!
+//! Chapter by chapter this grows into llama2.c's `Transformer` and `RunState` in one: each
+//! chapter adds the buffers and the steps it teaches, never parameters threaded through
+//! every call.
 
-use anyhow::Result;
-use cudarc::driver::{CudaSlice, CudaView};
+use anyhow::{Result, ensure};
+use cudarc::driver::CudaSlice;
 use half::bf16;
 
 use crate::config::Config;
 use crate::gpu::Gpu;
 use crate::ops;
-use crate::weights::{LayerWeights, Weights};
+use crate::rope;
+use crate::weights::Weights;
 
-// ANCHOR: forward
-/// Runs the sequence `ids` (positions 0, 1, …) through the whole model and returns the
-/// fp32 logits of its last position `[vocab]`: the scores of every possible next token.
-pub fn forward(
-    gpu: &Gpu,
-    weights: &Weights,
-    config: &Config,
-    inv_freq: &CudaSlice<f32>,
-    ids: &[u32],
-) -> Result<CudaSlice<f32>> {
-    let positions: Vec<u32> = (0..ids.len() as u32).collect();
-    let positions = gpu.stream.clone_htod(&positions)?;
-    let mut x = ops::embed(gpu, weights, config, ids)?;
-    for layer in &weights.layers {
-        decoder_layer(gpu, layer, config, inv_freq, &positions, &mut x)?;
+// ANCHOR: model
+/// Everything the forward pass needs, owned in one place.
+pub struct Model {
+    pub gpu: Gpu,
+    pub weights: Weights,
+    pub config: Config,
+    pub act: Activations,
+    /// RoPE's rotation speed of each pair of a head `[head_dim / 2]` (see `rope.rs`).
+    pub inv_freq: CudaSlice<f32>,
+    /// How many tokens the activations hold now (the first `rows` rows of each buffer).
+    pub rows: usize,
+}
+
+/// The forward pass's working memory, each buffer sized for `max_rows` tokens.
+pub struct Activations {
+    pub max_rows: usize,
+    /// The token ids `[max_rows]`.
+    pub ids: CudaSlice<u32>,
+    /// Each row's position in the sequence `[max_rows]`: 0, 1, 2, … (the whole sequence is
+    /// always computed from its start).
+    pub positions: CudaSlice<u32>,
+    /// The residual stream `[max_rows, hidden]`: each token's row of numbers.
+    pub x: CudaSlice<bf16>,
+    /// A sublayer's normalized input `[max_rows, hidden]`.
+    pub normed: CudaSlice<bf16>,
+    /// Queries `[max_rows, q_heads · head_dim]`, keys and values `[max_rows, kv_heads · head_dim]`.
+    pub q: CudaSlice<bf16>,
+    pub k: CudaSlice<bf16>,
+    pub v: CudaSlice<bf16>,
+    /// Attention's output before its projection `[max_rows, q_heads · head_dim]`.
+    pub attended: CudaSlice<bf16>,
+    /// The MLP's two widenings `[max_rows, intermediate]`; the activation overwrites `gate`.
+    pub gate: CudaSlice<bf16>,
+    pub up: CudaSlice<bf16>,
+    /// The last position's fp32 logits `[vocab]`, and the id chosen from them `[1]`.
+    pub logits: CudaSlice<f32>,
+    pub next: CudaSlice<u32>,
+}
+// ANCHOR_END: model
+
+/// The two halves of a decoder layer, as a hook on the forward pass sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sublayer {
+    Attention,
+    Mlp,
+}
+
+/// When a hook is called: just before a sublayer runs, or just after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Moment {
+    Before,
+    After,
+}
+
+impl Activations {
+    /// Allocates every buffer once; they start as NaN (see [`Gpu::alloc_nan`]).
+    fn new(gpu: &Gpu, config: &Config, max_rows: usize) -> Result<Self> {
+        let q_dim = config.num_attention_heads * config.head_dim;
+        let kv_dim = config.num_key_value_heads * config.head_dim;
+        let positions: Vec<u32> = (0..max_rows as u32).collect();
+        Ok(Activations {
+            max_rows,
+            ids: gpu.alloc_nan(max_rows)?,
+            positions: gpu.stream.clone_htod(&positions)?,
+            x: gpu.alloc_nan(max_rows * config.hidden_size)?,
+            normed: gpu.alloc_nan(max_rows * config.hidden_size)?,
+            q: gpu.alloc_nan(max_rows * q_dim)?,
+            k: gpu.alloc_nan(max_rows * kv_dim)?,
+            v: gpu.alloc_nan(max_rows * kv_dim)?,
+            attended: gpu.alloc_nan(max_rows * q_dim)?,
+            gate: gpu.alloc_nan(max_rows * config.intermediate_size)?,
+            up: gpu.alloc_nan(max_rows * config.intermediate_size)?,
+            logits: gpu.alloc_nan(config.vocab_size)?,
+            next: gpu.alloc_nan(1)?,
+        })
     }
-    let hidden = ops::rms_norm(gpu, &x, &weights.norm, config)?;
-    let last_row: CudaView<bf16> = hidden.slice((ids.len() - 1) * config.hidden_size..);
-    let lm_head = weights.lm_head.as_ref().unwrap_or(&weights.embed_tokens);
-    ops::lm_head(gpu, &last_row, lm_head, config)
-}
-// ANCHOR_END: forward
-
-// ANCHOR: decoder_layer
-/// One decoder layer, updating the residual stream `x` `[tokens, hidden]` in place.
-pub fn decoder_layer(
-    gpu: &Gpu,
-    layer: &LayerWeights,
-    config: &Config,
-    inv_freq: &CudaSlice<f32>,
-    positions: &CudaSlice<u32>,
-    x: &mut CudaSlice<bf16>,
-) -> Result<()> {
-    attention_sublayer(gpu, layer, config, inv_freq, positions, x)?;
-    mlp_sublayer(gpu, layer, config, x)
-}
-// ANCHOR_END: decoder_layer
-
-// ANCHOR: sublayers
-/// The attention sublayer (chapters 4–6): `x += o_proj(attention(x))`.
-pub fn attention_sublayer(
-    gpu: &Gpu,
-    layer: &LayerWeights,
-    config: &Config,
-    inv_freq: &CudaSlice<f32>,
-    positions: &CudaSlice<u32>,
-    x: &mut CudaSlice<bf16>,
-) -> Result<()> {
-    let attended = attention(gpu, layer, config, inv_freq, positions, x)?;
-    ops::linear_add(gpu, &attended, &layer.o_proj, config.num_attention_heads * config.head_dim, x)
 }
 
-/// Attention before its output projection: `attention(rope(q), rope(k), v)` with q, k, v
-/// projected from `rms_norm(x)`.
-pub fn attention(
-    gpu: &Gpu,
-    layer: &LayerWeights,
-    config: &Config,
-    inv_freq: &CudaSlice<f32>,
-    positions: &CudaSlice<u32>,
-    x: &CudaSlice<bf16>,
-) -> Result<CudaSlice<bf16>> {
-    let hidden = config.hidden_size;
-    let normed = ops::rms_norm(gpu, x, &layer.input_layernorm, config)?;
-    let mut q = ops::linear(gpu, &normed, &layer.q_proj, hidden)?;
-    let mut k = ops::linear(gpu, &normed, &layer.k_proj, hidden)?;
-    let v = ops::linear(gpu, &normed, &layer.v_proj, hidden)?;
-    ops::rope(gpu, &mut q, positions, inv_freq, config.num_attention_heads, config)?;
-    ops::rope(gpu, &mut k, positions, inv_freq, config.num_key_value_heads, config)?;
-    ops::attention_prefill(gpu, &q, &k, &v, config)
-}
+impl Model {
+    pub fn new(gpu: Gpu, weights: Weights, config: Config, max_rows: usize) -> Result<Self> {
+        let act = Activations::new(&gpu, &config, max_rows)?;
+        let inv_freq = gpu.stream.clone_htod(&rope::inverse_frequencies(&config))?;
+        Ok(Model { gpu, weights, config, act, inv_freq, rows: 0 })
+    }
 
-/// The MLP sublayer: `x += down_proj(mlp_activation(x))`.
-pub fn mlp_sublayer(gpu: &Gpu, layer: &LayerWeights, config: &Config, x: &mut CudaSlice<bf16>) -> Result<()> {
-    let activation = mlp_activation(gpu, layer, config, x)?;
-    ops::linear_add(gpu, &activation, &layer.down_proj, config.intermediate_size, x)
-}
+    // ANCHOR: embed_tokens
+    /// Copies the token ids to the GPU and gathers their embedding rows into `x`.
+    pub fn embed(&mut self, ids: &[u32]) -> Result<()> {
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        ensure!(ids.len() <= act.max_rows, "{} tokens, but the buffers hold {}", ids.len(), act.max_rows);
+        // The kernel trusts its ids; an id past the table would read someone else's memory.
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= config.vocab_size) {
+            anyhow::bail!("token id {bad} is outside the vocabulary of {} tokens", config.vocab_size);
+        }
+        *rows = ids.len();
+        let hidden = config.hidden_size;
+        gpu.stream.memcpy_htod(ids, &mut act.ids.slice_mut(..ids.len()))?;
+        ops::embedding(
+            gpu,
+            &weights.embed_tokens,
+            &act.ids.slice(..ids.len()),
+            &mut act.x.slice_mut(..ids.len() * hidden),
+            hidden,
+        )
+    }
+    // ANCHOR_END: embed_tokens
 
-/// The MLP before its down projection: `silu(gate_proj(h)) * up_proj(h)` with
-/// `h = rms_norm(x)`: widen to 8,192 twice and gate one with the other.
-pub fn mlp_activation(
-    gpu: &Gpu,
-    layer: &LayerWeights,
-    config: &Config,
-    x: &CudaSlice<bf16>,
-) -> Result<CudaSlice<bf16>> {
-    let hidden = config.hidden_size;
-    let normed = ops::rms_norm(gpu, x, &layer.post_attention_layernorm, config)?;
-    let gate = ops::linear(gpu, &normed, &layer.gate_proj, hidden)?;
-    let up = ops::linear(gpu, &normed, &layer.up_proj, hidden)?;
-    ops::swiglu(gpu, &gate, &up)
+    // ANCHOR: input_norm
+    /// Layer `layer`'s `input_layernorm` of the stream: `normed = rms_norm(x)`, what the
+    /// attention sublayer's projections read.
+    pub fn input_norm(&mut self, layer: usize) -> Result<()> {
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        let n = *rows * config.hidden_size;
+        let weight = &weights.layers[layer].input_layernorm;
+        let (x, mut normed) = (act.x.slice(..n), act.normed.slice_mut(..n));
+        ops::rms_norm(gpu, &x, weight, &mut normed, config.hidden_size, config.rms_norm_eps)
+    }
+    // ANCHOR_END: input_norm
+
+    // ANCHOR: project_qkv
+    /// Layer `layer`'s query, key and value projections of `normed`: three matrix products.
+    pub fn project_qkv(&mut self, layer: usize) -> Result<()> {
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        let layer = &weights.layers[layer];
+        let hidden = config.hidden_size;
+        let (q_dim, kv_dim) =
+            (config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim);
+        let normed = act.normed.slice(..*rows * hidden);
+        ops::linear(gpu, &normed, &layer.q_proj, &mut act.q.slice_mut(..*rows * q_dim), hidden)?;
+        ops::linear(gpu, &normed, &layer.k_proj, &mut act.k.slice_mut(..*rows * kv_dim), hidden)?;
+        ops::linear(gpu, &normed, &layer.v_proj, &mut act.v.slice_mut(..*rows * kv_dim), hidden)
+    }
+
+    /// RoPE on the queries and the keys, in place: each row turned by its position.
+    pub fn rotate_qk(&mut self) -> Result<()> {
+        let Model { gpu, config, act, inv_freq, rows, .. } = self;
+        let (q_heads, kv_heads, head_dim) = (config.num_attention_heads, config.num_key_value_heads, config.head_dim);
+        let positions = act.positions.slice(..*rows);
+        let mut q = act.q.slice_mut(..*rows * q_heads * head_dim);
+        ops::rope(gpu, &mut q, &positions, inv_freq, q_heads, head_dim)?;
+        let mut k = act.k.slice_mut(..*rows * kv_heads * head_dim);
+        ops::rope(gpu, &mut k, &positions, inv_freq, kv_heads, head_dim)
+    }
+    // ANCHOR_END: project_qkv
+
+    // ANCHOR: attention_sublayer
+    /// Layer `layer`'s attention sublayer: `x += o_proj(attention(x))`. Every step's
+    /// result stays in its buffer (`normed`, `q`, `k`, `v`, `attended`) until the next
+    /// sublayer writes it.
+    pub fn attention_sublayer(&mut self, layer: usize) -> Result<()> {
+        self.attention(layer)?;
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        let q_dim = config.num_attention_heads * config.head_dim;
+        let attended = act.attended.slice(..*rows * q_dim);
+        let mut x = act.x.slice_mut(..*rows * config.hidden_size);
+        ops::linear_add(gpu, &attended, &weights.layers[layer].o_proj, &mut x, q_dim)
+    }
+
+    /// Attention before its output projection: `attended = attention(rope(q), rope(k), v)`
+    /// with q, k, v projected from `rms_norm(x)`.
+    pub fn attention(&mut self, layer: usize) -> Result<()> {
+        self.input_norm(layer)?;
+        self.project_qkv(layer)?;
+        self.rotate_qk()?;
+        let Model { gpu, config, act, rows, .. } = self;
+        let (q_dim, kv_dim) =
+            (config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim);
+        let (q, k, v) = (act.q.slice(..*rows * q_dim), act.k.slice(..*rows * kv_dim), act.v.slice(..*rows * kv_dim));
+        ops::attention_prefill(gpu, &q, &k, &v, &mut act.attended.slice_mut(..*rows * q_dim), config)
+    }
+    // ANCHOR_END: attention_sublayer
+
+    // ANCHOR: mlp_sublayer
+    /// Layer `layer`'s MLP sublayer: `x += down_proj(mlp_activation(x))`.
+    pub fn mlp_sublayer(&mut self, layer: usize) -> Result<()> {
+        self.mlp_activation(layer)?;
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        let ffn = config.intermediate_size;
+        let activation = act.gate.slice(..*rows * ffn);
+        let mut x = act.x.slice_mut(..*rows * config.hidden_size);
+        ops::linear_add(gpu, &activation, &weights.layers[layer].down_proj, &mut x, ffn)
+    }
+
+    /// The MLP before its down projection: `silu(gate_proj(h)) * up_proj(h)` with
+    /// `h = rms_norm(x)`: widen to 8,192 twice and gate one with the other (into `gate`).
+    pub fn mlp_activation(&mut self, layer: usize) -> Result<()> {
+        self.post_attention_norm(layer)?;
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        let layer = &weights.layers[layer];
+        let (hidden, ffn) = (config.hidden_size, config.intermediate_size);
+        let normed = act.normed.slice(..*rows * hidden);
+        let (mut gate, mut up) = (act.gate.slice_mut(..*rows * ffn), act.up.slice_mut(..*rows * ffn));
+        ops::linear(gpu, &normed, &layer.gate_proj, &mut gate, hidden)?;
+        ops::linear(gpu, &normed, &layer.up_proj, &mut up, hidden)?;
+        ops::swiglu(gpu, &mut gate, &up.as_view())
+    }
+
+    /// Layer `layer`'s `post_attention_layernorm` of the stream, into `normed`.
+    fn post_attention_norm(&mut self, layer: usize) -> Result<()> {
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        let n = *rows * config.hidden_size;
+        let weight = &weights.layers[layer].post_attention_layernorm;
+        let (x, mut normed) = (act.x.slice(..n), act.normed.slice_mut(..n));
+        ops::rms_norm(gpu, &x, weight, &mut normed, config.hidden_size, config.rms_norm_eps)
+    }
+    // ANCHOR_END: mlp_sublayer
+
+    // ANCHOR: forward
+    /// Runs the sequence `ids` (positions 0, 1, …) through the whole model and leaves the
+    /// fp32 logits of its last position in `act.logits`: the scores of every possible next
+    /// token.
+    pub fn forward(&mut self, ids: &[u32]) -> Result<()> {
+        self.forward_with_hook(ids, |_, _, _, _| Ok(()))
+    }
+
+    /// [`Model::forward`], calling `hook` just before and just after every sublayer with the
+    /// model as it is then. `--check` reads the buffers there, so the forward pass it checks
+    /// is this one, not a copy of it.
+    pub fn forward_with_hook(
+        &mut self,
+        ids: &[u32],
+        mut hook: impl FnMut(&Model, usize, Sublayer, Moment) -> Result<()>,
+    ) -> Result<()> {
+        ensure!(!ids.is_empty(), "the forward pass needs at least one token");
+        self.embed(ids)?;
+        for layer in 0..self.config.num_hidden_layers {
+            for sublayer in [Sublayer::Attention, Sublayer::Mlp] {
+                hook(self, layer, sublayer, Moment::Before)?;
+                match sublayer {
+                    Sublayer::Attention => self.attention_sublayer(layer)?,
+                    Sublayer::Mlp => self.mlp_sublayer(layer)?,
+                }
+                hook(self, layer, sublayer, Moment::After)?;
+            }
+        }
+        self.last_logits()
+    }
+
+    /// The final norm and the LM head, for the last position only: its logits are all that
+    /// choosing the next token needs.
+    fn last_logits(&mut self) -> Result<()> {
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        let hidden = config.hidden_size;
+        let last_row = act.x.slice((*rows - 1) * hidden..*rows * hidden);
+        ops::rms_norm(gpu, &last_row, &weights.norm, &mut act.normed.slice_mut(..hidden), hidden, config.rms_norm_eps)?;
+        let lm_head = weights.lm_head.as_ref().unwrap_or(&weights.embed_tokens);
+        ops::lm_head(gpu, &act.normed.slice(..hidden), lm_head, &mut act.logits.slice_mut(..), hidden)
+    }
+    // ANCHOR_END: forward
+
+    // ANCHOR: next_token
+    /// The most likely next token after the last forward pass: argmax on the GPU, and one
+    /// 4-byte copy back, which waits for the GPU to finish.
+    pub fn next_token(&mut self) -> Result<u32> {
+        let Model { gpu, config, act, .. } = self;
+        ops::argmax(gpu, &act.logits.slice(..), &mut act.next.slice_mut(..), config.vocab_size)?;
+        let mut next = [0u32];
+        gpu.stream.memcpy_dtoh(&act.next, &mut next)?;
+        ensure!((next[0] as usize) < config.vocab_size, "the logits contain NaN: the forward pass went wrong");
+        Ok(next[0])
+    }
+    // ANCHOR_END: next_token
+
+    /// The rows in use of one of the activation buffers, copied to the host as f32.
+    pub fn read(&self, buffer: &CudaSlice<bf16>) -> Result<Vec<f32>> {
+        let width = buffer.len() / self.act.max_rows;
+        let values = self.gpu.stream.clone_dtoh(&buffer.slice(..self.rows * width))?;
+        Ok(values.iter().map(|v| v.to_f32()).collect())
+    }
 }
 
 /// bf16 roundings between the attention sublayer's input and its change to the stream,
@@ -117,4 +301,3 @@ pub const ATTENTION_ROUNDINGS: usize = 10;
 /// The same for the MLP: the normed input (on the gate's path and the up path), gate and
 /// up, the activation, and the change (down_proj's product).
 pub const MLP_ROUNDINGS: usize = 6;
-// ANCHOR_END: sublayers

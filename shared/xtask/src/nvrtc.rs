@@ -1,5 +1,6 @@
 //! `cargo x nvrtc`: compile every kernel in `kernels/` with NVRTC, as the chapters do at
-//! run time, and fail on any error or warning. Needs no GPU: only libnvrtc and the CUDA
+//! run time (after `kernels/block_reduce.cuh`, which they put in front of every kernel
+//! from chapter 4 on), and fail on any error or warning. Needs no GPU: only libnvrtc and the CUDA
 //! headers (from a CUDA toolkit, or from the PyPI packages `cargo x test` installs).
 
 use std::ffi::{CStr, CString};
@@ -74,7 +75,9 @@ pub fn cuda_include_dir() -> Result<PathBuf> {
 }
 
 fn compile(kernel: &Path, include_dir: &Path) -> Result<()> {
-    let source = std::fs::read_to_string(kernel).with_context(|| format!("reading {}", kernel.display()))?;
+    let read = |path: &Path| std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()));
+    let prelude = read(&kernel.with_file_name("block_reduce.cuh"))?;
+    let source = format!("{prelude}\n{}", read(kernel)?);
     let name = kernel.file_name().unwrap().to_string_lossy().into_owned();
     let source = CString::new(source).context("kernel source contains a NUL byte")?;
     let program = nvrtc::create_program(&source, Some(&CString::new(name.clone())?))?;

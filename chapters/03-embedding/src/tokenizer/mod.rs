@@ -28,13 +28,13 @@
 
 mod bpe;
 mod chat;
+pub mod commands;
 mod pretokenize;
 mod special;
 mod stream;
 #[cfg(test)]
 mod tests;
 
-pub use special::STOP_TOKENS;
 pub use stream::StreamDecoder;
 
 use std::collections::HashMap;

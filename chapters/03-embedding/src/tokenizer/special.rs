@@ -18,16 +18,11 @@ pub const NUM_SPECIAL_TOKENS: usize = 256;
 pub const VOCAB_SIZE: usize = NUM_BASE_TOKENS + NUM_SPECIAL_TOKENS;
 
 pub const BEGIN_OF_TEXT: u32 = 128_000;
-pub const END_OF_TEXT: u32 = 128_001;
 pub const START_HEADER_ID: u32 = 128_006;
 pub const END_HEADER_ID: u32 = 128_007;
-/// End of message: the assistant paused to let a tool run.
-pub const EOM_ID: u32 = 128_008;
-/// End of turn: the speaker is done.
+/// End of turn: the speaker is done. (The tokens that end generation, this one among them,
+/// come from `config.json`'s `eos_token_id`.)
 pub const EOT_ID: u32 = 128_009;
-
-/// Generation stops when the model emits any of these.
-pub const STOP_TOKENS: [u32; 3] = [END_OF_TEXT, EOM_ID, EOT_ID];
 // ANCHOR_END: special_ids
 
 // ANCHOR: special_names
@@ -73,12 +68,12 @@ mod tests {
     #[test]
     fn named_constants_point_at_their_names() {
         assert_eq!(name_of(BEGIN_OF_TEXT), "<|begin_of_text|>");
-        assert_eq!(name_of(END_OF_TEXT), "<|end_of_text|>");
+        assert_eq!(name_of(128_001), "<|end_of_text|>");
         assert_eq!(name_of(128_004), "<|finetune_right_pad_id|>");
         assert_eq!(name_of(128_005), "<|step_id|>");
         assert_eq!(name_of(START_HEADER_ID), "<|start_header_id|>");
         assert_eq!(name_of(END_HEADER_ID), "<|end_header_id|>");
-        assert_eq!(name_of(EOM_ID), "<|eom_id|>");
+        assert_eq!(name_of(128_008), "<|eom_id|>");
         assert_eq!(name_of(EOT_ID), "<|eot_id|>");
         assert_eq!(name_of(128_010), "<|python_tag|>");
         assert_eq!(name_of(128_011), "<|image|>");

@@ -1,0 +1,172 @@
+//! The model on the GPU: its weights, its shape, and the activation buffers its forward
+//! pass writes, allocated once for the most tokens the program runs.
+//!
+//! Chapter by chapter this grows into llama2.c's `Transformer` and `RunState` in one: each
+//! chapter adds the buffers and the steps it teaches, never parameters threaded through
+//! every call.
+
+use anyhow::{Result, ensure};
+use cudarc::driver::CudaSlice;
+use half::bf16;
+
+use crate::config::Config;
+use crate::gpu::Gpu;
+use crate::ops;
+use crate::rope;
+use crate::weights::Weights;
+
+// ANCHOR: model
+/// Everything the forward pass needs, owned in one place.
+pub struct Model {
+    pub gpu: Gpu,
+    pub weights: Weights,
+    pub config: Config,
+    pub act: Activations,
+    /// RoPE's rotation speed of each pair of a head `[head_dim / 2]` (see `rope.rs`).
+    pub inv_freq: CudaSlice<f32>,
+    /// How many tokens the activations hold now (the first `rows` rows of each buffer).
+    pub rows: usize,
+}
+
+/// The forward pass's working memory, each buffer sized for `max_rows` tokens.
+pub struct Activations {
+    pub max_rows: usize,
+    /// The token ids `[max_rows]`.
+    pub ids: CudaSlice<u32>,
+    /// Each row's position in the sequence `[max_rows]`: 0, 1, 2, … (the whole sequence is
+    /// always computed from its start).
+    pub positions: CudaSlice<u32>,
+    /// The residual stream `[max_rows, hidden]`: each token's row of numbers.
+    pub x: CudaSlice<bf16>,
+    /// A sublayer's normalized input `[max_rows, hidden]`.
+    pub normed: CudaSlice<bf16>,
+    /// Queries `[max_rows, q_heads · head_dim]`, keys and values `[max_rows, kv_heads · head_dim]`.
+    pub q: CudaSlice<bf16>,
+    pub k: CudaSlice<bf16>,
+    pub v: CudaSlice<bf16>,
+    /// Attention's output before its projection `[max_rows, q_heads · head_dim]`.
+    pub attended: CudaSlice<bf16>,
+}
+// ANCHOR_END: model
+
+impl Activations {
+    /// Allocates every buffer once; they start as NaN (see [`Gpu::alloc_nan`]).
+    fn new(gpu: &Gpu, config: &Config, max_rows: usize) -> Result<Self> {
+        let q_dim = config.num_attention_heads * config.head_dim;
+        let kv_dim = config.num_key_value_heads * config.head_dim;
+        let positions: Vec<u32> = (0..max_rows as u32).collect();
+        Ok(Activations {
+            max_rows,
+            ids: gpu.alloc_nan(max_rows)?,
+            positions: gpu.stream.clone_htod(&positions)?,
+            x: gpu.alloc_nan(max_rows * config.hidden_size)?,
+            normed: gpu.alloc_nan(max_rows * config.hidden_size)?,
+            q: gpu.alloc_nan(max_rows * q_dim)?,
+            k: gpu.alloc_nan(max_rows * kv_dim)?,
+            v: gpu.alloc_nan(max_rows * kv_dim)?,
+            attended: gpu.alloc_nan(max_rows * q_dim)?,
+        })
+    }
+}
+
+impl Model {
+    pub fn new(gpu: Gpu, weights: Weights, config: Config, max_rows: usize) -> Result<Self> {
+        let act = Activations::new(&gpu, &config, max_rows)?;
+        let inv_freq = gpu.stream.clone_htod(&rope::inverse_frequencies(&config))?;
+        Ok(Model { gpu, weights, config, act, inv_freq, rows: 0 })
+    }
+
+    // ANCHOR: embed_tokens
+    /// Copies the token ids to the GPU and gathers their embedding rows into `x`.
+    pub fn embed(&mut self, ids: &[u32]) -> Result<()> {
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        ensure!(ids.len() <= act.max_rows, "{} tokens, but the buffers hold {}", ids.len(), act.max_rows);
+        // The kernel trusts its ids; an id past the table would read someone else's memory.
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= config.vocab_size) {
+            anyhow::bail!("token id {bad} is outside the vocabulary of {} tokens", config.vocab_size);
+        }
+        *rows = ids.len();
+        let hidden = config.hidden_size;
+        gpu.stream.memcpy_htod(ids, &mut act.ids.slice_mut(..ids.len()))?;
+        ops::embedding(
+            gpu,
+            &weights.embed_tokens,
+            &act.ids.slice(..ids.len()),
+            &mut act.x.slice_mut(..ids.len() * hidden),
+            hidden,
+        )
+    }
+    // ANCHOR_END: embed_tokens
+
+    // ANCHOR: input_norm
+    /// Layer `layer`'s `input_layernorm` of the stream: `normed = rms_norm(x)`, what the
+    /// attention sublayer's projections read.
+    pub fn input_norm(&mut self, layer: usize) -> Result<()> {
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        let n = *rows * config.hidden_size;
+        let weight = &weights.layers[layer].input_layernorm;
+        let (x, mut normed) = (act.x.slice(..n), act.normed.slice_mut(..n));
+        ops::rms_norm(gpu, &x, weight, &mut normed, config.hidden_size, config.rms_norm_eps)
+    }
+    // ANCHOR_END: input_norm
+
+    // ANCHOR: project_qkv
+    /// Layer `layer`'s query, key and value projections of `normed`: three matrix products.
+    pub fn project_qkv(&mut self, layer: usize) -> Result<()> {
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        let layer = &weights.layers[layer];
+        let hidden = config.hidden_size;
+        let (q_dim, kv_dim) =
+            (config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim);
+        let normed = act.normed.slice(..*rows * hidden);
+        ops::linear(gpu, &normed, &layer.q_proj, &mut act.q.slice_mut(..*rows * q_dim), hidden)?;
+        ops::linear(gpu, &normed, &layer.k_proj, &mut act.k.slice_mut(..*rows * kv_dim), hidden)?;
+        ops::linear(gpu, &normed, &layer.v_proj, &mut act.v.slice_mut(..*rows * kv_dim), hidden)
+    }
+
+    /// RoPE on the queries and the keys, in place: each row turned by its position.
+    pub fn rotate_qk(&mut self) -> Result<()> {
+        let Model { gpu, config, act, inv_freq, rows, .. } = self;
+        let (q_heads, kv_heads, head_dim) = (config.num_attention_heads, config.num_key_value_heads, config.head_dim);
+        let positions = act.positions.slice(..*rows);
+        let mut q = act.q.slice_mut(..*rows * q_heads * head_dim);
+        ops::rope(gpu, &mut q, &positions, inv_freq, q_heads, head_dim)?;
+        let mut k = act.k.slice_mut(..*rows * kv_heads * head_dim);
+        ops::rope(gpu, &mut k, &positions, inv_freq, kv_heads, head_dim)
+    }
+    // ANCHOR_END: project_qkv
+
+    // ANCHOR: attention_sublayer
+    /// Layer `layer`'s attention sublayer: `x += o_proj(attention(x))`. Every step's
+    /// result stays in its buffer (`normed`, `q`, `k`, `v`, `attended`) until the next
+    /// sublayer writes it.
+    pub fn attention_sublayer(&mut self, layer: usize) -> Result<()> {
+        self.attention(layer)?;
+        let Model { gpu, weights, config, act, rows, .. } = self;
+        let q_dim = config.num_attention_heads * config.head_dim;
+        let attended = act.attended.slice(..*rows * q_dim);
+        let mut x = act.x.slice_mut(..*rows * config.hidden_size);
+        ops::linear_add(gpu, &attended, &weights.layers[layer].o_proj, &mut x, q_dim)
+    }
+
+    /// Attention before its output projection: `attended = attention(rope(q), rope(k), v)`
+    /// with q, k, v projected from `rms_norm(x)`.
+    pub fn attention(&mut self, layer: usize) -> Result<()> {
+        self.input_norm(layer)?;
+        self.project_qkv(layer)?;
+        self.rotate_qk()?;
+        let Model { gpu, config, act, rows, .. } = self;
+        let (q_dim, kv_dim) =
+            (config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim);
+        let (q, k, v) = (act.q.slice(..*rows * q_dim), act.k.slice(..*rows * kv_dim), act.v.slice(..*rows * kv_dim));
+        ops::attention_prefill(gpu, &q, &k, &v, &mut act.attended.slice_mut(..*rows * q_dim), config)
+    }
+    // ANCHOR_END: attention_sublayer
+
+    /// The rows in use of one of the activation buffers, copied to the host as f32.
+    pub fn read(&self, buffer: &CudaSlice<bf16>) -> Result<Vec<f32>> {
+        let width = buffer.len() / self.act.max_rows;
+        let values = self.gpu.stream.clone_dtoh(&buffer.slice(..self.rows * width))?;
+        Ok(values.iter().map(|v| v.to_f32()).collect())
+    }
+}
