@@ -173,9 +173,16 @@ pub fn linear_add(
 
 // ANCHOR: attention
 /// The most keys [`attention_prefill`] can score: one fp32 score per key sits in shared
-/// memory, beside the kernel's own 1 KiB query buffer (MAX_HEAD_DIM floats), and a block
-/// may use 48 KiB.
-pub const ATTENTION_MAX_KEYS: usize = (48 * 1024 - 256 * std::mem::size_of::<f32>()) / std::mem::size_of::<f32>();
+/// memory, beside the kernel's own 1 KiB query buffer (MAX_HEAD_DIM floats) and the two
+/// block reductions' 128 bytes each, and a block may use 48 KiB.
+/// (11,968 keys: a multiple of 4, so the rounding below stays within the 48 KiB.)
+pub const ATTENTION_MAX_KEYS: usize =
+    (48 * 1024 - (256 + 2 * 32) * std::mem::size_of::<f32>()) / std::mem::size_of::<f32>();
+
+/// The scores' shared memory is rounded up to whole groups of 4 floats: the compiler reads
+/// the last few scores with one wider load, which may reach past the last one (memcheck
+/// reported such 12-byte reads on the H200).
+const SCORE_GROUP: usize = 4 * std::mem::size_of::<f32>();
 
 /// Causal grouped-query attention over a whole prompt: q `[tokens, q_heads · head_dim]`,
 /// k and v `[tokens, kv_heads · head_dim]` → out `[tokens, q_heads · head_dim]`.
@@ -201,7 +208,7 @@ pub fn attention_prefill(
     let launch = LaunchConfig {
         grid_dim: (tokens as u32, q_heads as u32, 1),
         block_dim: (128, 1, 1),
-        shared_mem_bytes: (tokens * std::mem::size_of::<f32>()) as u32,
+        shared_mem_bytes: (tokens * std::mem::size_of::<f32>()).next_multiple_of(SCORE_GROUP) as u32,
     };
     let scale = 1.0 / (head_dim as f32).sqrt();
     let (q_heads, kv_heads, head_dim) = (q_heads as i32, kv_heads as i32, head_dim as i32);
