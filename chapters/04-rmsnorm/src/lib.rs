@@ -1,8 +1,7 @@
-//! Chapter 3: the GPU computes something.
+//! Chapter 4: RMSNorm, the first kernel that works on a whole row at once.
 //!
-//! The library holds the chapter's code; `main.rs` is its command line. Chapters 1 and 2's
-//! loading and tokenizer, our CUDA kernels compiled by NVRTC, and the first of them: the
-//! embedding lookup, run by the [`model::Model`] that owns the weights and the buffers.
+//! The library holds the chapter's code; `main.rs` is its command line. Chapter 3's
+//! embedding, then layer 0's `input_layernorm` with a block-wide reduction.
 
 pub mod check;
 pub mod checkpoint;

@@ -1,8 +1,8 @@
-//! Chapter 3: the GPU computes something.
+//! Chapter 5: queries, keys and values, and where each token stands.
 //!
-//! The library holds the chapter's code; `main.rs` is its command line. Chapters 1 and 2's
-//! loading and tokenizer, our CUDA kernels compiled by NVRTC, and the first of them: the
-//! embedding lookup, run by the [`model::Model`] that owns the weights and the buffers.
+//! The library holds the chapter's code; `main.rs` is its command line. Chapter 4's steps,
+//! then the q, k, v projections as cuBLAS matrix products and rotary position embeddings
+//! (RoPE) with Llama 3's frequency scaling.
 
 pub mod check;
 pub mod checkpoint;

@@ -1,8 +1,8 @@
-//! Chapter 3: the GPU computes something.
+//! Chapter 6: attention.
 //!
-//! The library holds the chapter's code; `main.rs` is its command line. Chapters 1 and 2's
-//! loading and tokenizer, our CUDA kernels compiled by NVRTC, and the first of them: the
-//! embedding lookup, run by the [`model::Model`] that owns the weights and the buffers.
+//! The library holds the chapter's code; `main.rs` is its command line. Chapter 5's steps,
+//! then causal grouped-query attention over the prompt, the output projection and the
+//! residual connection: layer 0's whole attention sublayer.
 
 pub mod check;
 pub mod checkpoint;

@@ -4,6 +4,7 @@
 //! LM head make the whole model. Greedy generation picks the most likely next token on
 //! the GPU, again and again, recomputing the whole sequence each time.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -19,7 +20,6 @@ use ch07_mlp::tokenizer::commands::{self, Command};
 use ch07_mlp::tokenizer::{StreamDecoder, Tokenizer};
 use ch07_mlp::weights::{self, Weights};
 use ch07_mlp::{check, generate, rope};
-use std::io::Write;
 
 // ANCHOR: cli
 #[derive(Parser)]
