@@ -100,7 +100,8 @@ fn chapters_declare_their_changes(chapters: &[(String, PathBuf)]) -> Result<Vec<
         for file in actual.difference(&declared) {
             problems.push(format!(
                 "chapters/{new_name}/{file} differs from chapter {previous}'s copy but is not in \
-                 [package.metadata.chapter] changes: fix the drift with `cargo x propagate {previous}`, or declare it"
+                 [package.metadata.chapter] changes: declare it if this chapter teaches it; a fix belongs in the \
+                 chapter that introduced the file, carried forward with `cargo x propagate`"
             ));
         }
         for file in declared.difference(&actual) {
@@ -273,7 +274,8 @@ mod tests {
             problems,
             [
                 "chapters/07-b/src/config.rs differs from chapter 06's copy but is not in [package.metadata.chapter] \
-                 changes: fix the drift with `cargo x propagate 06`, or declare it",
+                 changes: declare it if this chapter teaches it; a fix belongs in the chapter that introduced the \
+                 file, carried forward with `cargo x propagate`",
                 "chapters/07-b/Cargo.toml lists Cargo.toml in changes: it always differs, so it is never listed",
                 "chapters/07-b/src/gone.rs is declared as changed but identical to chapter 06's copy",
                 "chapters/08-c/Cargo.toml has no [package.metadata.chapter] changes list: `cargo x changes` prints it",
