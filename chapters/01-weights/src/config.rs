@@ -145,3 +145,39 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<
         Some(OneOrMany::Many(ids)) => ids,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llama_reference::config::LLAMA_3_2_1B_CONFIG_JSON;
+
+    /// Llama 3.2 1B's config.json with its `eos_token_id` line replaced by `eos` (or removed).
+    fn config_with_eos(eos: Option<&str>) -> Config {
+        let text: String = LLAMA_3_2_1B_CONFIG_JSON
+            .split_inclusive('\n')
+            .scan(false, |in_eos, line| {
+                // The list spans several lines: skip from its key to its closing bracket.
+                if line.contains("\"eos_token_id\"") {
+                    *in_eos = !line.contains(']') && line.contains('[');
+                    return Some(eos.map(|e| format!("  \"eos_token_id\": {e},\n")).unwrap_or_default());
+                }
+                if *in_eos {
+                    *in_eos = !line.contains(']');
+                    return Some(String::new());
+                }
+                Some(line.to_string())
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(&path, text).unwrap();
+        Config::from_file(&path).unwrap()
+    }
+
+    #[test]
+    fn end_tokens_come_from_the_file_one_or_many_or_llama3s_three() {
+        assert_eq!(config_with_eos(Some("[128001, 128008, 128009]")).eos_token_id, [128_001, 128_008, 128_009]);
+        assert_eq!(config_with_eos(Some("2")).eos_token_id, [2]);
+        assert_eq!(config_with_eos(None).eos_token_id, LLAMA3_EOS_TOKEN_IDS);
+    }
+}
