@@ -4,7 +4,9 @@
 //!   before it, so that drift between the copies shows (see [`changes`]);
 //! - every committed chapter diff, `.diff` and `.md`, equals what `cargo x diffs` writes now;
 //! - every `{{#include file:anchor}}` in the book resolves to non-empty text
-//!   (mdBook silently renders an empty block for a missing anchor).
+//!   (mdBook silently renders an empty block for a missing anchor);
+//! - the built book (when built: `cargo x test` builds it, then checks it again) loads
+//!   nothing over the network (see [`offline`]).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,7 +14,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::{changes, diffs, paths};
+use crate::{changes, diffs, offline, paths};
 
 pub fn run() -> Result<()> {
     let mut problems = Vec::new();
@@ -20,6 +22,7 @@ pub fn run() -> Result<()> {
     problems.extend(chapters_declare_their_changes(&paths::chapters()?)?);
     problems.extend(diffs_are_fresh()?);
     problems.extend(book_includes_resolve()?);
+    problems.extend(built_book_is_offline()?);
     if !problems.is_empty() {
         for problem in &problems {
             eprintln!("check: {problem}");
@@ -28,6 +31,16 @@ pub fn run() -> Result<()> {
     }
     println!("check: workspace members, chapter changes, chapter diffs and book includes are consistent");
     Ok(())
+}
+
+/// The built book's remote loads, if it has been built (`book/book/`).
+pub fn built_book_is_offline() -> Result<Vec<String>> {
+    let built = paths::root().join("book/book");
+    if !built.join("index.html").exists() {
+        return Ok(Vec::new());
+    }
+    let loads = offline::remote_loads(&built)?;
+    Ok(loads.into_iter().map(|load| format!("book/book/{load}: the book must work offline")).collect())
 }
 
 fn workspace_members_match_folders() -> Result<Vec<String>> {

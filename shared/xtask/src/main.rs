@@ -7,6 +7,7 @@ mod fetch_tokenizer;
 mod git;
 mod gpu_check;
 mod nvrtc;
+mod offline;
 mod pack;
 mod paths;
 mod propagate;

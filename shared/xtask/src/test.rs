@@ -38,7 +38,15 @@ pub fn run() -> Result<()> {
     })?;
     let mut mdbook = Command::new(tools_bin.join("mdbook"));
     mdbook.args(["build", "book"]).current_dir(paths::root()).env("PATH", path_with(&tools_bin));
-    timed(&mut times, "book", || step("book", mdbook))?;
+    timed(&mut times, "book", || {
+        step("book", mdbook)?;
+        let remote = check::built_book_is_offline()?;
+        for load in &remote {
+            eprintln!("check: {load}");
+        }
+        ensure!(remote.is_empty(), "the built book loads {} thing(s) over the network", remote.len());
+        Ok(())
+    })?;
     println!("cargo x test: all passed in {:.0} s", start.elapsed().as_secs_f64());
     for (name, seconds) in &times {
         println!("  {name:<22} {seconds:>6.1} s");
