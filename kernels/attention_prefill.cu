@@ -10,7 +10,8 @@
 // rather than by writing -∞ into a score matrix.
 //
 // Launch: one block per (query position, query head): gridDim = (tokens, q_heads);
-// blockDim.x a multiple of 32; dynamic shared memory of tokens · 4 bytes for the scores.
+// blockDim.x a multiple of 32; dynamic shared memory of at least tokens · 4 bytes for the
+// scores (the engine rounds it up to whole 16-byte groups: see ops::attention_prefill).
 // Scores, the softmax and the weighted sum are all fp32: rounding scores to bf16 before
 // the softmax would change which keys the head attends to. `block_max` and `block_sum`
 // come from block_reduce.cuh, which the engine puts in front of this file.

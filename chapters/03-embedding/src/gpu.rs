@@ -48,7 +48,8 @@ pub struct Gpu {
     pub kernels: Kernels,
     /// The virtual architecture the kernels were compiled for, e.g. `compute_90`.
     pub arch: String,
-    /// Set for `--check`: every op first fills its output with NaN (see [`Gpu::poison`]).
+    /// Set for `--check`: every op that only writes its output first fills it with NaN (see
+    /// [`Gpu::poison`]; ops that update a buffer in place read it, so leave it as it is).
     pub poison_outputs: bool,
 }
 
