@@ -2,6 +2,7 @@
 
 mod changes;
 mod check;
+mod dedent;
 mod diffs;
 mod fetch_tokenizer;
 mod git;
@@ -48,6 +49,12 @@ enum Command {
     GpuCheck(gpu_check::Args),
     /// Build the release binaries and pack them, the tokenizer and the commit for a GPU machine.
     Pack,
+    /// mdBook preprocessor (book/book.toml runs it): Rust and C++ blocks lose their common indentation.
+    #[command(hide = true)]
+    BookDedent {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -62,6 +69,7 @@ fn main() -> ExitCode {
         Command::Synth(args) => synth::run(args),
         Command::GpuCheck(args) => gpu_check::run(args),
         Command::Pack => pack::run(),
+        Command::BookDedent { args } => dedent::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
