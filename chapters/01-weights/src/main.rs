@@ -18,7 +18,7 @@ use ch01_weights::weights::{self, Weights};
 #[command(version, about = "Chapter 1: read, validate and upload Llama 3.2 1B weights to the GPU")]
 struct Cli {
     /// Model directory holding config.json and model.safetensors.
-    #[arg(long, default_value = "models/llama-3.2-1b-instruct")]
+    #[arg(long, default_value = checkpoint::DEFAULT_MODEL_DIR)]
     model: PathBuf,
     /// Print model.safetensors' 8-byte header length and its raw JSON header, then stop.
     #[arg(long)]

@@ -83,12 +83,31 @@ fn header_flag_prints_the_raw_json_header() {
 }
 
 #[test]
-fn missing_directory_says_how_to_get_weights() {
-    let output = run_no_gpu(Path::new("/nonexistent/model"));
-    assert_fails_with(&output, "does not exist");
+fn missing_default_directory_says_how_to_get_weights() {
+    // Tests run in the package folder, which has no models/llama-3.2-1b-instruct.
+    let output = run_binary(&["--no-gpu", "hi"]);
+    assert_fails_with(&output, "llama-3.2-1b-instruct does not exist");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("huggingface-cli download meta-llama/Llama-3.2-1B-Instruct"));
+    assert!(stderr.contains("hf download meta-llama/Llama-3.2-1B-Instruct --local-dir models/llama-3.2-1b-instruct"));
+    assert!(stderr.contains("huggingface_hub"));
     assert!(stderr.contains("cargo x synth --config 1b"));
+}
+
+#[test]
+fn missing_other_directory_is_named_without_download_advice() {
+    let output = run_no_gpu(Path::new("/nonexistent/model"));
+    assert_fails_with(&output, "model directory /nonexistent/model does not exist");
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("hf download"));
+}
+
+#[test]
+fn a_file_given_as_model_asks_for_its_folder() {
+    let model = tiny_model();
+    let file = model.path().join("model.safetensors");
+    assert_fails_with(
+        &run_binary(&["--model", file.to_str().unwrap(), "--no-gpu", "hi"]),
+        "is a file: --model takes the folder",
+    );
 }
 
 #[test]

@@ -31,7 +31,7 @@ struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// Model directory holding config.json and model.safetensors.
-    #[arg(long, global = true, default_value = "models/llama-3.2-1b-instruct")]
+    #[arg(long, global = true, default_value = checkpoint::DEFAULT_MODEL_DIR)]
     model: PathBuf,
     /// Meta's tokenizer.model [default: in the model directory, then models/tokenizer.model].
     #[arg(long, global = true, env = "LLAMA_TOKENIZER", value_name = "PATH")]

@@ -154,20 +154,33 @@ pub fn raw_header(file: &[u8]) -> Result<&str> {
 }
 // ANCHOR_END: raw_header
 
-/// `DIR/model.safetensors`, with an error that says what to do when it is missing.
+/// Where the README's download puts the weights: the chapters' default `--model`.
+pub const DEFAULT_MODEL_DIR: &str = "models/llama-3.2-1b-instruct";
+
+/// `DIR/model.safetensors`, with an error that says what to do when it is missing. Paths in
+/// messages are absolute, so a reader in another folder sees where we looked.
 pub fn model_file(model_dir: &Path) -> Result<PathBuf> {
-    if !model_dir.is_dir() {
+    let shown = std::path::absolute(model_dir).unwrap_or_else(|_| model_dir.to_path_buf());
+    if model_dir.is_file() {
+        bail!("{} is a file: --model takes the folder that holds config.json and model.safetensors", shown.display());
+    }
+    if !model_dir.is_dir() && model_dir == Path::new(DEFAULT_MODEL_DIR) {
         bail!(
-            "model directory {} does not exist. Download the weights with\n  \
-             huggingface-cli download meta-llama/Llama-3.2-1B-Instruct --local-dir models/llama-3.2-1b-instruct\n\
+            "model directory {} does not exist. Download the weights (accept Meta's licence on the \
+             model's page first, then `hf auth login`; `hf` comes with the Python package huggingface_hub) with\n  \
+             hf download meta-llama/Llama-3.2-1B-Instruct --local-dir {DEFAULT_MODEL_DIR}\n\
              or write a synthetic checkpoint with\n  \
              cargo x synth --config 1b --out models/synthetic-1b   (then pass --model models/synthetic-1b)",
-            model_dir.display()
+            shown.display()
         );
+    }
+    if !model_dir.is_dir() {
+        bail!("model directory {} does not exist", shown.display());
     }
     let file = model_dir.join("model.safetensors");
     if !file.is_file() {
-        bail!("{} not found (this engine reads a single model.safetensors file)", file.display());
+        let shown = std::path::absolute(&file).unwrap_or(file);
+        bail!("{} not found (this engine reads a single model.safetensors file)", shown.display());
     }
     Ok(file)
 }
