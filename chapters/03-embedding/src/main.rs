@@ -76,6 +76,9 @@ fn run(cli: Cli) -> Result<()> {
         let tokenizer = Tokenizer::from_file(commands::tokenizer_file(cli.tokenizer.as_deref(), &cli.model)?)?;
         return commands::run_command(&tokenizer, command);
     }
+    if let Some(prompt) = &cli.prompt {
+        commands::require_prompt(prompt)?;
+    }
     let model_file = checkpoint::model_file(&cli.model)?;
     if cli.header {
         return checkpoint::print_header(&model_file);

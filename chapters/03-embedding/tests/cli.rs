@@ -185,3 +185,11 @@ fn without_a_driver_the_gpu_path_fails_cleanly() {
     let output = run_binary(&["--model", model.path().to_str().unwrap(), "Hi"]);
     assert_fails_with(&output, "no NVIDIA driver found");
 }
+
+#[test]
+fn a_blank_prompt_is_refused_before_anything_is_loaded() {
+    // No model folder at all: the prompt is refused first.
+    for prompt in ["", "  \n"] {
+        assert_fails_with(&run_binary(&["--model", "/nonexistent", "--no-gpu", prompt]), "the prompt is empty");
+    }
+}

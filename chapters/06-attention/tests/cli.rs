@@ -193,3 +193,11 @@ fn a_prompt_longer_than_the_context_is_refused() {
     let output = run_binary(&["--model", model.path().to_str().unwrap(), "--no-gpu", &long_prompt]);
     assert_fails_with(&output, "tokens in the chat format; the context holds 2048");
 }
+
+#[test]
+fn a_blank_prompt_is_refused_before_anything_is_loaded() {
+    // No model folder at all: the prompt is refused first.
+    for prompt in ["", "  \n"] {
+        assert_fails_with(&run_binary(&["--model", "/nonexistent", "--no-gpu", prompt]), "the prompt is empty");
+    }
+}

@@ -115,6 +115,11 @@ fn chat_without_system_prompt() {
 }
 
 #[test]
+fn chat_refuses_a_blank_prompt() {
+    assert_fails_with(&tok(&["chat", " "], b""), "the prompt is empty");
+}
+
+#[test]
 fn missing_tokenizer_file_is_a_clear_error() {
     let mut command = binary();
     command.args(["--tokenizer", "/nonexistent/tokenizer.model", "encode"]);

@@ -80,6 +80,9 @@ fn run(cli: Cli) -> Result<()> {
         let tokenizer = Tokenizer::from_file(commands::tokenizer_file(cli.tokenizer.as_deref(), &cli.model)?)?;
         return commands::run_command(&tokenizer, command);
     }
+    if let Some(prompt) = &cli.prompt {
+        commands::require_prompt(prompt)?;
+    }
     let model_file = checkpoint::model_file(&cli.model)?;
     if cli.header {
         return checkpoint::print_header(&model_file);
@@ -104,9 +107,6 @@ fn run(cli: Cli) -> Result<()> {
     }
     let tokenizer = Tokenizer::from_file(commands::tokenizer_file(cli.tokenizer.as_deref(), &cli.model)?)?;
     let prompt = cli.prompt.as_deref().unwrap_or_default();
-    if prompt.trim().is_empty() {
-        bail!("the prompt is empty: give the model something to answer");
-    }
     let ids = tokenizer.encode_prompt(cli.system.as_deref(), prompt)?;
     let context = generate::context_limit(&config);
     if ids.len() > context {

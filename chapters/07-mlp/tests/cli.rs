@@ -210,3 +210,11 @@ fn the_token_budget_must_be_a_number() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("invalid value 'many'"));
 }
+
+#[test]
+fn a_blank_prompt_is_refused_before_anything_is_loaded() {
+    // No model folder at all: the prompt is refused first.
+    for prompt in ["", "  \n"] {
+        assert_fails_with(&run_binary(&["--model", "/nonexistent", "--no-gpu", prompt]), "the prompt is empty");
+    }
+}

@@ -87,6 +87,7 @@ pub fn run_command(tokenizer: &Tokenizer, command: &Command) -> Result<()> {
             stdout.write_all(tokenizer.decode(&ids)?.as_bytes())?;
         }
         Command::Chat { system, prompt } => {
+            require_prompt(prompt)?;
             writeln!(stdout, "{}", join_ids(&tokenizer.encode_prompt(system.as_deref(), prompt)?))?;
         }
     }
@@ -127,3 +128,11 @@ pub fn tokenizer_file(given: Option<&Path>, model_dir: &Path) -> Result<PathBuf>
     }
 }
 // ANCHOR_END: tokenizer_file
+
+/// A prompt must say something: an empty or blank one is refused before anything is loaded.
+pub fn require_prompt(prompt: &str) -> Result<()> {
+    if prompt.trim().is_empty() {
+        bail!("the prompt is empty: give the model something to answer");
+    }
+    Ok(())
+}
