@@ -1,5 +1,6 @@
 //! `cargo x …`: the project's tooling. Nothing here is engine code.
 
+mod book;
 mod changes;
 mod check;
 mod dedent;
@@ -47,6 +48,8 @@ enum Command {
     Synth(synth::Args),
     /// Run every chapter's --check on a synthetic 1B checkpoint and print one table (needs a GPU).
     GpuCheck(gpu_check::Args),
+    /// Build the book into book/book/ with the pinned mdBook and mdbook-katex (installed into .cache/ once).
+    Book(book::Args),
     /// Build the release binaries and pack them, the tokenizer and the commit for a GPU machine.
     Pack,
     /// mdBook preprocessor (book/book.toml runs it): Rust and C++ blocks lose their common indentation.
@@ -68,6 +71,7 @@ fn main() -> ExitCode {
         Command::FetchTokenizer(args) => fetch_tokenizer::run(args),
         Command::Synth(args) => synth::run(args),
         Command::GpuCheck(args) => gpu_check::run(args),
+        Command::Book(args) => book::run(args),
         Command::Pack => pack::run(),
         Command::BookDedent { args } => dedent::run(&args),
     };

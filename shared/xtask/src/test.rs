@@ -36,8 +36,7 @@ pub fn run() -> Result<()> {
         println!("== nvrtc");
         nvrtc::run()
     })?;
-    let mut mdbook = Command::new(tools_bin.join("mdbook"));
-    mdbook.args(["build", "book"]).current_dir(paths::root()).env("PATH", path_with(&tools_bin));
+    let mdbook = mdbook_command(&tools_bin, "build");
     timed(&mut times, "book", || {
         step("book", mdbook)?;
         let remote = check::built_book_is_offline()?;
@@ -75,6 +74,14 @@ fn step(name: &str, mut command: Command) -> Result<()> {
     Ok(())
 }
 
+/// `mdbook ACTION book` from the repository root, with the pinned tools first on `PATH`
+/// (mdBook runs mdbook-katex and `cargo x book-dedent` as preprocessors).
+pub fn mdbook_command(tools_bin: &std::path::Path, action: &str) -> Command {
+    let mut mdbook = Command::new(tools_bin.join("mdbook"));
+    mdbook.args([action, "book"]).current_dir(paths::root()).env("PATH", path_with(tools_bin));
+    mdbook
+}
+
 /// `PATH` with `dir` in front.
 fn path_with(dir: &std::path::Path) -> String {
     format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default())
@@ -82,7 +89,7 @@ fn path_with(dir: &std::path::Path) -> String {
 
 /// mdBook 0.5 and mdbook-katex, built once into `.cache/tools/bin` (about 6 minutes on
 /// two cores) so that the book always builds with the versions it was written for.
-fn install_book_tools() -> Result<PathBuf> {
+pub fn install_book_tools() -> Result<PathBuf> {
     let bin = paths::cache().join("tools/bin");
     let cached = bin.join("mdbook").exists() && bin.join("mdbook-katex").exists();
     if !cached {
