@@ -92,6 +92,11 @@ struct Row {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    // Without a driver every chapter would fail the same way, after 2.5 GB of checkpoint.
+    // SAFETY: only tries to load libcuda; nothing is called through it.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        bail!("no NVIDIA driver found (libcuda.so cannot be loaded): gpu-check needs a machine with an NVIDIA GPU");
+    }
     let sanitizing = args.sanitize || args.sanitize_only;
     if !args.sanitize_tool.is_empty() && !sanitizing {
         bail!("--sanitize-tool chooses the tools of --sanitize or --sanitize-only; give one of them");
