@@ -123,7 +123,24 @@ fn chat_refuses_a_blank_prompt() {
 fn missing_tokenizer_file_is_a_clear_error() {
     let mut command = binary();
     command.args(["--tokenizer", "/nonexistent/tokenizer.model", "encode"]);
-    assert_fails_with(&run(command, b"hi"), "cannot read /nonexistent/tokenizer.model");
+    assert_fails_with(&run(command, b"hi"), "--tokenizer names /nonexistent/tokenizer.model, which is not a file");
+}
+
+#[test]
+fn a_wrong_llama_tokenizer_variable_is_named() {
+    let mut command = binary();
+    command.env("LLAMA_TOKENIZER", "/nonexistent/from-env.model").arg("encode");
+    assert_fails_with(&run(command, b"hi"), "LLAMA_TOKENIZER names /nonexistent/from-env.model, which is not a file");
+}
+
+#[test]
+fn hugging_faces_tokenizer_json_points_to_tokenizer_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("tokenizer.json");
+    std::fs::write(&json, "{}").unwrap();
+    let mut command = binary();
+    command.arg("--tokenizer").arg(&json).arg("encode");
+    assert_fails_with(&run(command, b"hi"), "original/tokenizer.model");
 }
 
 #[test]

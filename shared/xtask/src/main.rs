@@ -22,7 +22,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "cargo x", about = "Project tooling for Inference from Scratch, in Rust")]
+#[command(name = "cargo x", version, about = "Project tooling for Inference from Scratch, in Rust")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -13,6 +13,7 @@ use super::{StreamDecoder, Tokenizer};
 #[derive(Subcommand)]
 pub enum Command {
     /// Read UTF-8 text from stdin, print its token ids on one line (no <|begin_of_text|>).
+    /// `echo` adds a newline, which is encoded too: use `printf` or `echo -n`.
     Encode,
     /// Read whitespace-separated token ids from stdin, write the text.
     Decode,
@@ -50,7 +51,11 @@ pub fn show_prompt(tokenizer: &Tokenizer, system: Option<&str>, prompt: &str, st
     if tokenizer.decode(&user_ids)? != prompt {
         bail!("round trip failed: decode(encode(prompt)) differs from the prompt");
     }
-    println!("round trip: decode(encode(prompt)) == prompt ({} ids for the prompt alone)", user_ids.len());
+    let count = match user_ids.len() {
+        1 => "1 id".to_string(),
+        n => format!("{n} ids"),
+    };
+    println!("round trip: decode(encode(prompt)) == prompt ({count} for the prompt alone)");
     let stops: Vec<String> = stop_tokens
         .iter()
         .map(|&id| Ok(format!("{id} {}", String::from_utf8_lossy(tokenizer.token_bytes(id)?))))
@@ -107,12 +112,12 @@ pub fn join_ids(ids: &[u32]) -> String {
 }
 
 // ANCHOR: tokenizer_file
-/// `--tokenizer`, else `tokenizer.model` or `original/tokenizer.model` in the model directory
-/// (a Hugging Face download has the latter), else `models/tokenizer.model`
-/// (where `cargo x fetch-tokenizer` puts it).
+/// `--tokenizer` (or `$LLAMA_TOKENIZER`), else `tokenizer.model` or `original/tokenizer.model`
+/// in the model directory (a Hugging Face download has the latter), else
+/// `models/tokenizer.model` (where `cargo x fetch-tokenizer` puts it).
 pub fn tokenizer_file(given: Option<&Path>, model_dir: &Path) -> Result<PathBuf> {
     if let Some(path) = given {
-        return Ok(path.to_path_buf());
+        return check_given_tokenizer(path);
     }
     let candidates = [
         model_dir.join("tokenizer.model"),
@@ -128,6 +133,29 @@ pub fn tokenizer_file(given: Option<&Path>, model_dir: &Path) -> Result<PathBuf>
     }
 }
 // ANCHOR_END: tokenizer_file
+
+/// A tokenizer path the user gave: it must name Meta's `tokenizer.model`. A mistake is told
+/// as coming from where the path came from: the flag, or the environment variable (clap
+/// reads `$LLAMA_TOKENIZER` when the flag is absent).
+fn check_given_tokenizer(path: &Path) -> Result<PathBuf> {
+    let from_variable = std::env::var_os("LLAMA_TOKENIZER").is_some_and(|value| Path::new(&value) == path);
+    let source = if from_variable { "LLAMA_TOKENIZER" } else { "--tokenizer" };
+    if path.as_os_str().is_empty() {
+        bail!("{source} is empty: give the path of Meta's tokenizer.model");
+    }
+    let shown = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    if path.file_name().is_some_and(|name| name == "tokenizer.json") {
+        bail!(
+            "{source} names {}, Hugging Face's tokenizer.json; this engine reads Meta's tokenizer.model \
+             (a download has it in original/tokenizer.model)",
+            shown.display()
+        );
+    }
+    if !path.is_file() {
+        bail!("{source} names {}, which is not a file", shown.display());
+    }
+    Ok(path.to_path_buf())
+}
 
 /// A prompt must say something: an empty or blank one is refused before anything is loaded.
 pub fn require_prompt(prompt: &str) -> Result<()> {
