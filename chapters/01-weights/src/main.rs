@@ -18,7 +18,7 @@ use ch01_weights::weights::{self, Weights};
 #[command(version, about = "Chapter 1: read, validate and upload Llama 3.2 1B weights to the GPU")]
 struct Cli {
     /// Model directory holding config.json and model.safetensors.
-    #[arg(long, default_value = checkpoint::DEFAULT_MODEL_DIR)]
+    #[arg(long, value_name = "DIR", default_value_os_t = checkpoint::default_model_dir())]
     model: PathBuf,
     /// Print model.safetensors' 8-byte header length and its raw JSON header, then stop.
     #[arg(long)]
@@ -29,6 +29,9 @@ struct Cli {
     /// After uploading, read samples of every tensor back and compare them with the file.
     #[arg(long, conflicts_with = "no_gpu")]
     check: bool,
+    /// Also print the tensor table.
+    #[arg(long)]
+    verbose: bool,
 }
 // ANCHOR_END: cli
 
@@ -62,8 +65,10 @@ fn run(cli: Cli) -> Result<()> {
     if !checkpoint.ignored.is_empty() {
         println!("note    ignoring tensors a Llama model does not use: {}", checkpoint.ignored.join(", "));
     }
-    println!();
-    checkpoint::print_table(&checkpoint, &config);
+    if cli.verbose {
+        println!();
+        checkpoint::print_table(&checkpoint, &config);
+    }
     if cli.no_gpu {
         return Ok(());
     }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::Parser;
 
 use ch02_tokenizer::checkpoint::{self, Checkpoint};
@@ -22,15 +22,16 @@ use ch02_tokenizer::weights::{self, Weights};
 #[command(
     version,
     about = "Chapter 2: the Llama 3 tokenizer, on its own (subcommands) or after loading the weights",
-    subcommand_negates_reqs = true
+    subcommand_negates_reqs = true,
+    override_usage = "ch02-tokenizer [OPTIONS] <PROMPT>\n       ch02-tokenizer [--model DIR] [--tokenizer PATH] <COMMAND>"
 )]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// Model directory holding config.json and model.safetensors.
-    #[arg(long, global = true, default_value = checkpoint::DEFAULT_MODEL_DIR)]
+    #[arg(long, global = true, value_name = "DIR", default_value_os_t = checkpoint::default_model_dir())]
     model: PathBuf,
-    /// Meta's tokenizer.model [default: in the model directory, then models/tokenizer.model].
+    /// Meta's tokenizer.model [default: in the model directory, then the repository's models/tokenizer.model].
     #[arg(long, global = true, env = "LLAMA_TOKENIZER", value_name = "PATH")]
     tokenizer: Option<PathBuf>,
     /// Print model.safetensors' 8-byte header length and its raw JSON header, then stop.
@@ -42,6 +43,9 @@ struct Cli {
     /// After uploading, read samples of every tensor back and compare them with the file.
     #[arg(long, conflicts_with = "no_gpu")]
     check: bool,
+    /// Also print the tensor table.
+    #[arg(long)]
+    verbose: bool,
     /// A system prompt to put before the user's prompt.
     #[arg(long, value_name = "TEXT")]
     system: Option<String>,
@@ -64,9 +68,17 @@ fn main() -> ExitCode {
 // ANCHOR: run
 fn run(cli: Cli) -> Result<()> {
     if let Some(command) = &cli.command {
-        if cli.prompt.is_some() || cli.system.is_some() {
-            bail!("a PROMPT or --system before the subcommand would be ignored (write `chat --system TEXT PROMPT`)");
-        }
+        commands::refuse_ignored(
+            command,
+            &[
+                ("PROMPT", cli.prompt.is_some()),
+                ("--system", cli.system.is_some()),
+                ("--header", cli.header),
+                ("--no-gpu", cli.no_gpu),
+                ("--check", cli.check),
+                ("--verbose", cli.verbose),
+            ],
+        )?;
         let tokenizer = Tokenizer::from_file(commands::tokenizer_file(cli.tokenizer.as_deref(), &cli.model)?)?;
         return commands::run_command(&tokenizer, command);
     }
@@ -91,8 +103,10 @@ fn run(cli: Cli) -> Result<()> {
     if !checkpoint.ignored.is_empty() {
         println!("note    ignoring tensors a Llama model does not use: {}", checkpoint.ignored.join(", "));
     }
-    println!();
-    checkpoint::print_table(&checkpoint, &config);
+    if cli.verbose {
+        println!();
+        checkpoint::print_table(&checkpoint, &config);
+    }
     let tokenizer = Tokenizer::from_file(commands::tokenizer_file(cli.tokenizer.as_deref(), &cli.model)?)?;
     let prompt = cli.prompt.as_deref().unwrap_or_default();
     if cli.no_gpu {

@@ -148,7 +148,50 @@ fn no_tokenizer_found_is_a_clear_error() {
     let empty = tempfile::tempdir().unwrap();
     let mut command = binary();
     command.current_dir(empty.path()).env_remove("LLAMA_TOKENIZER").args(["--model", ".", "encode"]);
-    assert_fails_with(&run(command, b"hi"), "no tokenizer.model found");
+    // Outside a checkout, the last place looked is models/ under the current folder.
+    let last = empty.path().canonicalize().unwrap().join("models/tokenizer.model");
+    assert_fails_with(&run(command, b"hi"), &format!("{}); run `cargo x fetch-tokenizer`", last.display()));
+}
+
+#[test]
+fn the_repository_tokenizer_is_found_from_a_chapter_folder() {
+    // A folder laid out like a checkout, with the tokenizer where fetch-tokenizer puts it.
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("chapters/07-mlp")).unwrap();
+    std::fs::create_dir(root.path().join("models")).unwrap();
+    std::fs::copy(tokenizer_path(), root.path().join("models/tokenizer.model")).unwrap();
+    let mut command = binary();
+    command.current_dir(root.path().join("chapters/07-mlp")).env_remove("LLAMA_TOKENIZER").arg("encode");
+    assert_eq!(stdout(&run(command, b"Hello")), "9906\n");
+}
+
+#[test]
+fn arguments_a_subcommand_would_ignore_are_refused() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["--no-gpu", "encode"], "--no-gpu before `encode` would be ignored"),
+        (&["--check", "decode"], "--check before `decode` would be ignored"),
+        (&["--header", "encode"], "--header before `encode` would be ignored"),
+        (&["--verbose", "chat", "hi"], "--verbose before `chat` would be ignored"),
+        (&["hi", "encode"], "PROMPT before `encode` would be ignored"),
+        (&["--system", "Be brief.", "chat", "hi"], "write `chat --system TEXT PROMPT`"),
+    ];
+    for (args, expected) in cases {
+        assert_fails_with(&tok(args, b"hi"), expected);
+    }
+}
+
+#[test]
+fn the_usage_lines_show_orders_the_parser_accepts() {
+    let mut command = binary();
+    command.arg("--help");
+    let help = stdout(&run(command, b""));
+    let name = env!("CARGO_PKG_NAME");
+    assert!(help.contains(&format!("Usage: {name} [OPTIONS] <PROMPT>")), "{help}");
+    assert!(help.contains(&format!("{name} [--model DIR] [--tokenizer PATH] <COMMAND>")), "{help}");
+    // The second line, as written: global options, then the subcommand.
+    let mut command = binary();
+    command.args(["--model", "/nonexistent", "--tokenizer"]).arg(tokenizer_path()).arg("encode");
+    assert_eq!(stdout(&run(command, b"Hello")), "9906\n");
 }
 
 #[test]

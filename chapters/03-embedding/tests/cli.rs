@@ -7,11 +7,18 @@ use std::process::{Command, Output};
 use llama_reference::synth::{SynthConfig, write_checkpoint};
 use safetensors::{Dtype, tensor::TensorView};
 
-/// Runs this chapter's binary, with the tokenizer `cargo x fetch-tokenizer` downloads.
+/// Runs this chapter's binary in its package folder (inside the repository), with the
+/// tokenizer `cargo x fetch-tokenizer` downloads.
 fn run_binary(args: &[&str]) -> Output {
+    run_binary_in(Path::new(env!("CARGO_MANIFEST_DIR")), args)
+}
+
+/// Runs this chapter's binary in the folder `dir`, with the downloaded tokenizer.
+fn run_binary_in(dir: &Path, args: &[&str]) -> Output {
     let tokenizer = std::env::var_os("LLAMA_TOKENIZER")
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tokenizer.model").into());
     Command::new(env!(concat!("CARGO_BIN_EXE_", env!("CARGO_PKG_NAME"))))
+        .current_dir(dir)
         .args(args)
         .env("LLAMA_TOKENIZER", tokenizer)
         .output()
@@ -69,6 +76,16 @@ fn validates_a_tiny_checkpoint_and_prints_the_table() {
 }
 
 #[test]
+fn without_verbose_no_gpu_prints_the_summary_only() {
+    let model = tiny_model();
+    let output = run_binary(&["--model", model.path().to_str().unwrap(), "--no-gpu", "Hi"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("20 tensors, all BF16"), "{stdout}");
+    assert!(!stdout.contains("model.embed_tokens.weight"), "{stdout}");
+}
+
+#[test]
 fn header_flag_prints_the_raw_json_header() {
     let model = tiny_model();
     let output = run_binary(&["--model", model.path().to_str().unwrap(), "--header"]);
@@ -82,15 +99,37 @@ fn header_flag_prints_the_raw_json_header() {
     assert_eq!(parsed["model.norm.weight"]["dtype"], "BF16");
 }
 
+/// A folder laid out like a checkout of the repository (`chapters/07-mlp/`, `models/`),
+/// without weights.
+fn fake_checkout() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("chapters/07-mlp")).unwrap();
+    std::fs::create_dir(root.path().join("models")).unwrap();
+    root
+}
+
 #[test]
 fn missing_default_directory_says_how_to_get_weights() {
-    // Tests run in the package folder, which has no models/llama-3.2-1b-instruct.
-    let output = run_binary(&["--no-gpu", "hi"]);
-    assert_fails_with(&output, "llama-3.2-1b-instruct does not exist");
+    // Run from a chapter's folder: the default is found from the checkout's root, and the
+    // download command names that absolute folder.
+    let root = fake_checkout();
+    let output = run_binary_in(&root.path().join("chapters/07-mlp"), &["--no-gpu", "hi"]);
+    let default = root.path().canonicalize().unwrap().join("models/llama-3.2-1b-instruct");
+    assert_fails_with(&output, &format!("model directory {} does not exist", default.display()));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("hf download meta-llama/Llama-3.2-1B-Instruct --local-dir models/llama-3.2-1b-instruct"));
+    let download = format!("hf download meta-llama/Llama-3.2-1B-Instruct --local-dir {}", default.display());
+    assert!(stderr.contains(&download), "{stderr}");
     assert!(stderr.contains("huggingface_hub"));
     assert!(stderr.contains("cargo x synth --config 1b"));
+}
+
+#[test]
+fn a_relative_model_path_counts_from_the_current_folder() {
+    let root = fake_checkout();
+    let output = run_binary_in(&root.path().join("chapters"), &["--model", "models/mine", "--no-gpu", "hi"]);
+    let expected = root.path().canonicalize().unwrap().join("chapters/models/mine");
+    assert_fails_with(&output, &format!("model directory {} does not exist", expected.display()));
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("hf download"));
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::Parser;
 
 use ch04_rmsnorm::checkpoint::{self, Checkpoint};
@@ -25,15 +25,16 @@ use llama_reference::Matrix;
 #[command(
     version,
     about = "Chapter 4: RMSNorm on the GPU (layer 0's input_layernorm of the prompt's embeddings)",
-    subcommand_negates_reqs = true
+    subcommand_negates_reqs = true,
+    override_usage = "ch04-rmsnorm [OPTIONS] <PROMPT>\n       ch04-rmsnorm [--model DIR] [--tokenizer PATH] <COMMAND>"
 )]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// Model directory holding config.json and model.safetensors.
-    #[arg(long, global = true, default_value = checkpoint::DEFAULT_MODEL_DIR)]
+    #[arg(long, global = true, value_name = "DIR", default_value_os_t = checkpoint::default_model_dir())]
     model: PathBuf,
-    /// Meta's tokenizer.model [default: in the model directory, then models/tokenizer.model].
+    /// Meta's tokenizer.model [default: in the model directory, then the repository's models/tokenizer.model].
     #[arg(long, global = true, env = "LLAMA_TOKENIZER", value_name = "PATH")]
     tokenizer: Option<PathBuf>,
     /// Print model.safetensors' 8-byte header length and its raw JSON header, then stop.
@@ -70,9 +71,17 @@ fn main() -> ExitCode {
 // ANCHOR: run
 fn run(cli: Cli) -> Result<()> {
     if let Some(command) = &cli.command {
-        if cli.prompt.is_some() || cli.system.is_some() {
-            bail!("a PROMPT or --system before the subcommand would be ignored (write `chat --system TEXT PROMPT`)");
-        }
+        commands::refuse_ignored(
+            command,
+            &[
+                ("PROMPT", cli.prompt.is_some()),
+                ("--system", cli.system.is_some()),
+                ("--header", cli.header),
+                ("--no-gpu", cli.no_gpu),
+                ("--check", cli.check),
+                ("--verbose", cli.verbose),
+            ],
+        )?;
         let tokenizer = Tokenizer::from_file(commands::tokenizer_file(cli.tokenizer.as_deref(), &cli.model)?)?;
         return commands::run_command(&tokenizer, command);
     }

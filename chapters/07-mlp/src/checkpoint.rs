@@ -154,8 +154,31 @@ pub fn raw_header(file: &[u8]) -> Result<&str> {
 }
 // ANCHOR_END: raw_header
 
+// ANCHOR: default_paths
 /// Where the README's download puts the weights: the chapters' default `--model`.
 pub const DEFAULT_MODEL_DIR: &str = "models/llama-3.2-1b-instruct";
+
+/// The checkout we run in: the nearest folder at or above the current one that holds both
+/// `chapters/` and `models/`, or `None` outside a checkout.
+pub fn repository_root() -> Option<PathBuf> {
+    let cwd = std::env::current_dir().ok()?;
+    cwd.ancestors().find(|dir| dir.join("chapters").is_dir() && dir.join("models").is_dir()).map(Path::to_path_buf)
+}
+
+/// A default such as `models/tokenizer.model`, found from the repository root, so that
+/// `cargo run -p …` reads the same files from the root and from a chapter's folder (outside
+/// a checkout, from the current folder). A path you type counts from the current folder.
+pub fn default_path(relative: &str) -> PathBuf {
+    match repository_root() {
+        Some(root) => root.join(relative),
+        None => PathBuf::from(relative),
+    }
+}
+
+pub fn default_model_dir() -> PathBuf {
+    default_path(DEFAULT_MODEL_DIR)
+}
+// ANCHOR_END: default_paths
 
 /// `DIR/model.safetensors`, with an error that says what to do when it is missing. Paths in
 /// messages are absolute, so a reader in another folder sees where we looked.
@@ -164,13 +187,14 @@ pub fn model_file(model_dir: &Path) -> Result<PathBuf> {
     if model_dir.is_file() {
         bail!("{} is a file: --model takes the folder that holds config.json and model.safetensors", shown.display());
     }
-    if !model_dir.is_dir() && model_dir == Path::new(DEFAULT_MODEL_DIR) {
+    if !model_dir.is_dir() && model_dir == default_model_dir() {
         bail!(
             "model directory {} does not exist. Download the weights (accept Meta's licence on the \
              model's page first, then `hf auth login`; `hf` comes with the Python package huggingface_hub) with\n  \
-             hf download meta-llama/Llama-3.2-1B-Instruct --local-dir {DEFAULT_MODEL_DIR}\n\
+             hf download meta-llama/Llama-3.2-1B-Instruct --local-dir {}\n\
              or write a synthetic checkpoint with\n  \
              cargo x synth --config 1b --out models/synthetic-1b   (then pass --model models/synthetic-1b)",
+            shown.display(),
             shown.display()
         );
     }

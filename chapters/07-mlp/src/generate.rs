@@ -23,6 +23,22 @@ pub fn context_limit(config: &Config) -> usize {
 }
 // ANCHOR_END: context
 
+/// The most new tokens a prompt of `prompt_tokens` can receive: the context fills after
+/// `context - prompt_tokens` of them, and the one predicted from the full context is kept.
+pub fn room_after(prompt_tokens: usize, context: usize) -> usize {
+    context.saturating_sub(prompt_tokens) + 1
+}
+
+/// `MAX_NEW_TOKENS` from the command line: a whole number, 0 or more (without this, clap
+/// would take `-5` for an unknown flag and suggest `-- -5`).
+pub fn parse_max_new_tokens(text: &str) -> Result<usize, String> {
+    match text.parse::<i64>() {
+        Ok(n) if n < 0 => Err("a number of tokens cannot be negative".to_string()),
+        Ok(n) => usize::try_from(n).map_err(|e| e.to_string()),
+        Err(_) => Err("give how many tokens to generate, a whole number".to_string()),
+    }
+}
+
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -138,6 +154,21 @@ mod tests {
     use super::*;
 
     const WORD: u32 = 1000;
+
+    #[test]
+    fn max_new_tokens_is_a_whole_number_of_zero_or_more() {
+        assert_eq!(parse_max_new_tokens("0"), Ok(0));
+        assert_eq!(parse_max_new_tokens("32"), Ok(32));
+        assert!(parse_max_new_tokens("-5").unwrap_err().contains("cannot be negative"));
+        assert!(parse_max_new_tokens("ten").unwrap_err().contains("a whole number"));
+    }
+
+    #[test]
+    fn room_after_the_prompt_matches_the_stop_rule() {
+        for (prompt, context) in [(1, 1), (3, 10), (10, 10), (7, 4096)] {
+            assert_eq!(tokens_received(prompt, usize::MAX, context), room_after(prompt, context));
+        }
+    }
     const END_TOKENS: [u32; 3] = crate::config::LLAMA3_EOS_TOKEN_IDS;
 
     /// How many tokens a prompt of `prompt` tokens receives, by the stop rule alone.

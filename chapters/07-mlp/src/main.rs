@@ -26,15 +26,16 @@ use ch07_mlp::{check, generate, rope};
 #[command(
     version,
     about = "Chapter 7: the whole model on the GPU and greedy generation (recomputing the sequence for each token)",
-    subcommand_negates_reqs = true
+    subcommand_negates_reqs = true,
+    override_usage = "ch07-mlp [OPTIONS] <PROMPT> [MAX_NEW_TOKENS]\n       ch07-mlp [--model DIR] [--tokenizer PATH] <COMMAND>"
 )]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     /// Model directory holding config.json and model.safetensors.
-    #[arg(long, global = true, default_value = checkpoint::DEFAULT_MODEL_DIR)]
+    #[arg(long, global = true, value_name = "DIR", default_value_os_t = checkpoint::default_model_dir())]
     model: PathBuf,
-    /// Meta's tokenizer.model [default: in the model directory, then models/tokenizer.model].
+    /// Meta's tokenizer.model [default: in the model directory, then the repository's models/tokenizer.model].
     #[arg(long, global = true, env = "LLAMA_TOKENIZER", value_name = "PATH")]
     tokenizer: Option<PathBuf>,
     /// Print model.safetensors' 8-byte header length and its raw JSON header, then stop.
@@ -56,7 +57,7 @@ struct Cli {
     #[arg(required_unless_present = "header")]
     prompt: Option<String>,
     /// How many tokens to generate at most.
-    #[arg(default_value_t = 128)]
+    #[arg(default_value_t = 128, allow_negative_numbers = true, value_parser = generate::parse_max_new_tokens)]
     max_new_tokens: usize,
 }
 // ANCHOR_END: cli
@@ -74,9 +75,17 @@ fn main() -> ExitCode {
 // ANCHOR: run
 fn run(cli: Cli) -> Result<()> {
     if let Some(command) = &cli.command {
-        if cli.prompt.is_some() || cli.system.is_some() {
-            bail!("a PROMPT or --system before the subcommand would be ignored (write `chat --system TEXT PROMPT`)");
-        }
+        commands::refuse_ignored(
+            command,
+            &[
+                ("PROMPT", cli.prompt.is_some()),
+                ("--system", cli.system.is_some()),
+                ("--header", cli.header),
+                ("--no-gpu", cli.no_gpu),
+                ("--check", cli.check),
+                ("--verbose", cli.verbose),
+            ],
+        )?;
         let tokenizer = Tokenizer::from_file(commands::tokenizer_file(cli.tokenizer.as_deref(), &cli.model)?)?;
         return commands::run_command(&tokenizer, command);
     }
@@ -111,6 +120,15 @@ fn run(cli: Cli) -> Result<()> {
     let context = generate::context_limit(&config);
     if ids.len() > context {
         bail!("the prompt is {} tokens in the chat format; the context holds {context}", ids.len());
+    }
+    let room = generate::room_after(ids.len(), context);
+    if cli.max_new_tokens > room {
+        println!(
+            "note    MAX_NEW_TOKENS {} will be capped at {room}, {} fewer: a context of {context} tokens after a prompt of {}",
+            cli.max_new_tokens,
+            cli.max_new_tokens - room,
+            ids.len()
+        );
     }
     if cli.no_gpu {
         return commands::show_prompt(&tokenizer, cli.system.as_deref(), prompt, &config.eos_token_id);

@@ -17,7 +17,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let tools_bin = test::install_book_tools()?;
     let action = if args.serve { "serve" } else { "build" };
-    let status = test::mdbook_command(&tools_bin, action).status()?;
+    let status = test::mdbook_command(&tools_bin, action)?.status()?;
     ensure!(status.success(), "mdbook {action} failed");
     let remote = check::built_book_is_offline()?;
     for load in &remote {

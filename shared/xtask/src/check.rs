@@ -35,7 +35,7 @@ pub fn run() -> Result<()> {
 
 /// The built book's remote loads, if it has been built (`book/book/`).
 pub fn built_book_is_offline() -> Result<Vec<String>> {
-    let built = paths::root().join("book/book");
+    let built = paths::root()?.join("book/book");
     if !built.join("index.html").exists() {
         return Ok(Vec::new());
     }
@@ -44,7 +44,7 @@ pub fn built_book_is_offline() -> Result<Vec<String>> {
 }
 
 fn workspace_members_match_folders() -> Result<Vec<String>> {
-    let root = paths::root();
+    let root = paths::root()?;
     let output = Command::new(env!("CARGO"))
         .args(["metadata", "--no-deps", "--format-version", "1"])
         .current_dir(&root)
@@ -132,7 +132,7 @@ fn chapters_declare_their_changes(chapters: &[(String, PathBuf)]) -> Result<Vec<
 
 /// `book/src/diffs/` holds exactly what `cargo x diffs` writes now.
 fn diffs_are_fresh() -> Result<Vec<String>> {
-    diffs_folder_problems(&paths::root().join("book/src/diffs"), diffs::outputs()?)
+    diffs_folder_problems(&paths::root()?.join("book/src/diffs"), diffs::outputs()?)
 }
 
 /// How the diffs folder `dir` differs from holding exactly `expected`, `(file name, contents)`:
@@ -161,7 +161,7 @@ fn diffs_folder_problems(dir: &Path, expected: Vec<(String, String)>) -> Result<
 }
 
 fn book_includes_resolve() -> Result<Vec<String>> {
-    let src = paths::root().join("book/src");
+    let src = paths::root()?.join("book/src");
     let mut problems = Vec::new();
     for page in markdown_files(&src)? {
         let text = std::fs::read_to_string(&page)?;

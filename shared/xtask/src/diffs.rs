@@ -21,7 +21,7 @@ use crate::{git, paths};
 const LARGEST_DIFFED_FILE: u64 = 200_000;
 
 pub fn run() -> Result<()> {
-    let dir = paths::root().join("book/src/diffs");
+    let dir = paths::root()?.join("book/src/diffs");
     std::fs::create_dir_all(&dir)?;
     for (file, text) in outputs()? {
         std::fs::write(dir.join(&file), text)?;
@@ -76,7 +76,7 @@ fn chapter_diff(old_name: &str, old_dir: &Path, new_name: &str, new_dir: &Path) 
             diffs.push(file_diff(path, (&old_label, &old), (&new_label, &new)));
         }
     }
-    let kernels = paths::root().join("kernels");
+    let kernels = paths::root()?.join("kernels");
     for kernel in included_kernels(new_dir)?.difference(&included_kernels(old_dir)?) {
         let path = format!("kernels/{kernel}");
         let text = without_anchors(&kernels.join(kernel))?;

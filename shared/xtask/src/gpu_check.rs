@@ -33,9 +33,9 @@ use crate::paths;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Folder holding the chapter binaries (ch01-weights, …).
-    #[arg(long, default_value = "target/release")]
-    bin_dir: PathBuf,
+    /// Folder holding the chapter binaries (ch01-weights, …) [default: target/release in the repository].
+    #[arg(long, value_name = "DIR")]
+    bin_dir: Option<PathBuf>,
     /// Use this model directory instead of writing a synthetic 1B checkpoint.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -104,6 +104,10 @@ pub fn run(args: Args) -> Result<()> {
     let tools: Vec<Tool> = if args.sanitize_tool.is_empty() { Tool::ALL.to_vec() } else { args.sanitize_tool.clone() };
     // Found before anything is written, so that a machine without it fails at once.
     let sanitizer = if sanitizing { Some(find_sanitizer()?) } else { None };
+    let bin_dir = match &args.bin_dir {
+        Some(dir) => dir.clone(),
+        None => paths::root()?.join("target/release"),
+    };
     let seed = args.seed.unwrap_or_else(time_seed);
     let needs_model = !args.sanitize_only || tools.iter().any(|tool| !tool.on_tiny());
     let model = match &args.model {
@@ -120,9 +124,9 @@ pub fn run(args: Args) -> Result<()> {
     if !args.sanitize_only {
         for folder in &chapters {
             let name = paths::package_name(folder);
-            let binary = args.bin_dir.join(&name);
+            let binary = bin_dir.join(&name);
             if !binary.exists() {
-                rows.push(Row::note(&name, &format!("no binary in {}", args.bin_dir.display()), "SKIPPED"));
+                rows.push(Row::note(&name, &format!("no binary in {}", bin_dir.display()), "SKIPPED"));
                 continue;
             }
             let tokenizer = args.tokenizer.as_deref();
@@ -136,7 +140,7 @@ pub fn run(args: Args) -> Result<()> {
                 );
             }
         }
-        let engine = latest_generating_chapter(&args.bin_dir)?;
+        let engine = latest_generating_chapter(&bin_dir)?;
         let engine_chosen =
             |e: &PathBuf| e.file_name().and_then(|n| n.to_str()?.strip_prefix("ch")).is_some_and(chosen);
         if let Some(engine) = engine.filter(engine_chosen) {
@@ -171,7 +175,7 @@ pub fn run(args: Args) -> Result<()> {
             extra_options: &args.sanitizer_option,
         };
         let (sanitized, found) =
-            sanitize(sanitizer, &args.bin_dir, &args.sanitize_dir, &chapters, &plan, args.sanitize_only)?;
+            sanitize(sanitizer, &bin_dir, &args.sanitize_dir, &chapters, &plan, args.sanitize_only)?;
         rows.extend(sanitized);
         findings = found;
     }
@@ -320,7 +324,7 @@ fn transformers_agreement(
         let generated = run.lines().find_map(|line| line.strip_prefix("generated ids: ")).unwrap_or_default();
         ours.push(parse_ids(generated)?);
     }
-    let script = paths::root().join("shared/reference/python/hf_greedy.py");
+    let script = paths::root()?.join("shared/reference/python/hf_greedy.py");
     let mut python = Command::new("python3");
     python.arg(&script).arg("--model").arg(model).args(["--max-new-tokens", &AGREEMENT_TOKENS.to_string()]);
     for ids in &prompt_ids {
@@ -395,7 +399,7 @@ impl DriftModel {
             DriftModel::TransformersInit | DriftModel::Outliers => {
                 std::fs::create_dir_all(dir)?;
                 std::fs::write(dir.join("config.json"), SynthConfig::OneB.config_json())?;
-                let script = paths::root().join("shared/reference/python/hf_random_model.py");
+                let script = paths::root()?.join("shared/reference/python/hf_random_model.py");
                 let mut python = Command::new("python3");
                 python.arg(&script).arg("--out").arg(dir);
                 if matches!(self, DriftModel::Outliers) {
@@ -440,7 +444,7 @@ fn drift_ratios(engine: &Path, dir: &Path, tokenizer: Option<&Path>) -> Result<V
             .find(|r| r.what.starts_with("logits of the prompt's last position"))
             .and_then(Row::relative_error);
         rows.extend(checked.into_iter().map(|row| Row { what: format!("{} [{}]", row.what, model.name()), ..row }));
-        let script = paths::root().join("shared/reference/python/hf_bf16_drift.py");
+        let script = paths::root()?.join("shared/reference/python/hf_bf16_drift.py");
         let drift = capture(Command::new("python3").arg(&script).arg("--model").arg(dir).args(["--prompt-ids", &ids]))?;
         print!("{drift}");
         let theirs = drift.split("last-position logits ").nth(1).and_then(|t| t.trim().parse::<f64>().ok());
@@ -763,7 +767,7 @@ fn sanitizer_row(chapter: &str, what: &str, report: &SanitizerReport, exit: &Exi
 
 /// The names of the kernels in `kernels/*.cu` (`extern "C" __global__ void NAME(`).
 fn our_kernel_names() -> Result<BTreeSet<String>> {
-    let dir = paths::root().join("kernels");
+    let dir = paths::root()?.join("kernels");
     let mut names = BTreeSet::new();
     for entry in std::fs::read_dir(&dir).with_context(|| format!("cannot read {}", dir.display()))? {
         let path = entry?.path();

@@ -15,8 +15,8 @@ use crate::paths;
 const ARCH: &str = "compute_90";
 
 /// Folder of the pip-installed CUDA 13 libraries and headers (see `cargo x test`).
-pub fn pip_cuda_dir() -> PathBuf {
-    paths::cache().join("cuda/nvidia/cu13")
+pub fn pip_cuda_dir() -> Result<PathBuf> {
+    Ok(paths::cache()?.join("cuda/nvidia/cu13"))
 }
 
 pub fn run() -> Result<()> {
@@ -25,7 +25,7 @@ pub fn run() -> Result<()> {
         return rerun_with_pip_libnvrtc();
     }
     let include_dir = cuda_include_dir()?;
-    let mut kernels: Vec<PathBuf> = std::fs::read_dir(paths::root().join("kernels"))?
+    let mut kernels: Vec<PathBuf> = std::fs::read_dir(paths::root()?.join("kernels"))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
         .filter(|path| path.extension().is_some_and(|e| e == "cu"))
         .collect();
@@ -41,7 +41,7 @@ pub fn run() -> Result<()> {
 /// The dynamic loader reads `LD_LIBRARY_PATH` only when a process starts, so to use the
 /// pip-installed libnvrtc we start ourselves again with it set.
 fn rerun_with_pip_libnvrtc() -> Result<()> {
-    let lib = pip_cuda_dir().join("lib");
+    let lib = pip_cuda_dir()?.join("lib");
     if std::env::var_os("XTASK_NVRTC_RERUN").is_some() || !lib.join("libnvrtc.so.13").exists() {
         bail!(
             "libnvrtc cannot be loaded: install a CUDA toolkit, or run `cargo x test` once to put \
@@ -65,7 +65,7 @@ pub fn cuda_include_dir() -> Result<PathBuf> {
     let candidates = ["CUDA_HOME", "CUDA_PATH"]
         .iter()
         .filter_map(|var| std::env::var_os(var).map(|v| Path::new(&v).join("include")))
-        .chain([PathBuf::from("/usr/local/cuda/include"), pip_cuda_dir().join("include")]);
+        .chain([PathBuf::from("/usr/local/cuda/include"), pip_cuda_dir()?.join("include")]);
     for dir in candidates {
         if dir.join("cuda_bf16.h").exists() {
             return Ok(dir);

@@ -20,7 +20,7 @@ use crate::{fetch_tokenizer, paths};
 const LIMIT_BYTES: u64 = 48 * 1024 * 1024;
 
 pub fn run() -> Result<()> {
-    let root = paths::root();
+    let root = paths::root()?;
     let status = Command::new(env!("CARGO"))
         .args(["build", "--release", "--workspace", "--quiet"])
         .current_dir(&root)
@@ -41,7 +41,7 @@ pub fn run() -> Result<()> {
         std::fs::copy(&built, staging.join("bin").join(name))
             .with_context(|| format!("cannot copy {} (did the build make it?)", built.display()))?;
     }
-    std::fs::copy(paths::default_tokenizer(), staging.join("tokenizer.model"))?;
+    std::fs::copy(paths::default_tokenizer()?, staging.join("tokenizer.model"))?;
     std::fs::write(staging.join("COMMIT"), format!("{}\n", commit(&root)?))?;
 
     let archive = root.join(".device/pack.tar.gz");

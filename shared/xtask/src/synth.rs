@@ -14,7 +14,8 @@ pub struct Args {
     /// Seed of the pseudo-random weights; the same seed gives the same bytes.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Directory to write config.json and model.safetensors into.
+    /// Directory to write config.json and model.safetensors into (a relative path counts from
+    /// the current directory, as for every path you give).
     #[arg(long)]
     out: PathBuf,
 }
@@ -25,7 +26,7 @@ pub fn run(args: Args) -> Result<()> {
     let summary = write_checkpoint(which, args.seed, &args.out)?;
     println!(
         "wrote {} ({} tensors, {:.2} GB, orbit length {}) in {:.1} s",
-        args.out.display(),
+        std::path::absolute(&args.out)?.display(),
         summary.tensors,
         summary.bytes as f64 / 1e9,
         summary.orbit_length,

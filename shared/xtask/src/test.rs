@@ -24,10 +24,10 @@ pub fn run() -> Result<()> {
     timed(&mut times, "fetch tokenizer", || fetch_tokenizer::run(fetch_tokenizer::Args::default_location()))?;
     timed(&mut times, "install CUDA headers", install_pip_cuda)?;
 
-    timed(&mut times, "rustfmt", || step("rustfmt", cargo(&["fmt", "--all", "--check"])))?;
-    let clippy = cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]);
+    timed(&mut times, "rustfmt", || step("rustfmt", cargo(&["fmt", "--all", "--check"])?))?;
+    let clippy = cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"])?;
     timed(&mut times, "clippy", || step("clippy", clippy))?;
-    timed(&mut times, "tests", || step("tests", cargo(&["test", "--workspace", "--quiet"])))?;
+    timed(&mut times, "tests", || step("tests", cargo(&["test", "--workspace", "--quiet"])?))?;
     timed(&mut times, "check", || {
         println!("== check");
         check::run()
@@ -36,7 +36,7 @@ pub fn run() -> Result<()> {
         println!("== nvrtc");
         nvrtc::run()
     })?;
-    let mdbook = mdbook_command(&tools_bin, "build");
+    let mdbook = mdbook_command(&tools_bin, "build")?;
     timed(&mut times, "book", || {
         step("book", mdbook)?;
         let remote = check::built_book_is_offline()?;
@@ -61,10 +61,10 @@ fn timed<T>(times: &mut Vec<(&'static str, f64)>, name: &'static str, work: impl
     result
 }
 
-fn cargo(args: &[&str]) -> Command {
+fn cargo(args: &[&str]) -> Result<Command> {
     let mut command = Command::new(env!("CARGO"));
-    command.args(args).current_dir(paths::root());
-    command
+    command.args(args).current_dir(paths::root()?);
+    Ok(command)
 }
 
 fn step(name: &str, mut command: Command) -> Result<()> {
@@ -76,10 +76,10 @@ fn step(name: &str, mut command: Command) -> Result<()> {
 
 /// `mdbook ACTION book` from the repository root, with the pinned tools first on `PATH`
 /// (mdBook runs mdbook-katex and `cargo x book-dedent` as preprocessors).
-pub fn mdbook_command(tools_bin: &std::path::Path, action: &str) -> Command {
+pub fn mdbook_command(tools_bin: &std::path::Path, action: &str) -> Result<Command> {
     let mut mdbook = Command::new(tools_bin.join("mdbook"));
-    mdbook.args([action, "book"]).current_dir(paths::root()).env("PATH", path_with(tools_bin));
-    mdbook
+    mdbook.args([action, "book"]).current_dir(paths::root()?).env("PATH", path_with(tools_bin));
+    Ok(mdbook)
 }
 
 /// `PATH` with `dir` in front.
@@ -90,14 +90,14 @@ fn path_with(dir: &std::path::Path) -> String {
 /// mdBook 0.5 and mdbook-katex, built once into `.cache/tools/bin` (about 6 minutes on
 /// two cores) so that the book always builds with the versions it was written for.
 pub fn install_book_tools() -> Result<PathBuf> {
-    let bin = paths::cache().join("tools/bin");
+    let bin = paths::cache()?.join("tools/bin");
     let cached = bin.join("mdbook").exists() && bin.join("mdbook-katex").exists();
     if !cached {
         println!("== installing {MDBOOK} and {MDBOOK_KATEX} into {}", bin.display());
-        let root = paths::cache().join("tools");
+        let root = paths::cache()?.join("tools");
         step(
             "cargo install",
-            cargo(&["install", "--locked", "--quiet", "--root", &root.to_string_lossy(), MDBOOK, MDBOOK_KATEX]),
+            cargo(&["install", "--locked", "--quiet", "--root", &root.to_string_lossy(), MDBOOK, MDBOOK_KATEX])?,
         )?;
     }
     Ok(bin)
@@ -105,10 +105,9 @@ pub fn install_book_tools() -> Result<PathBuf> {
 
 /// libnvrtc and the CUDA headers, from the PyPI packages NVIDIA publishes, for `cargo x nvrtc`.
 fn install_pip_cuda() -> Result<()> {
-    let target = paths::cache().join("cuda");
-    if nvrtc::pip_cuda_dir().join("include/cuda_bf16.h").exists()
-        && nvrtc::pip_cuda_dir().join("lib/libnvrtc.so.13").exists()
-    {
+    let target = paths::cache()?.join("cuda");
+    let installed = nvrtc::pip_cuda_dir()?;
+    if installed.join("include/cuda_bf16.h").exists() && installed.join("lib/libnvrtc.so.13").exists() {
         return Ok(());
     }
     println!("== installing {} into {}", PIP_CUDA.join(" and "), target.display());

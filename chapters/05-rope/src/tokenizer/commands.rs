@@ -28,6 +28,32 @@ pub enum Command {
 }
 // ANCHOR_END: commands
 
+impl Command {
+    /// The subcommand as typed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Encode => "encode",
+            Command::Decode => "decode",
+            Command::Chat { .. } => "chat",
+        }
+    }
+}
+
+/// The subcommands use only `--model` and `--tokenizer`; anything else given with one of
+/// them (`given`: each argument's name and whether it was there) would be silently dropped,
+/// so it is refused, naming the subcommand.
+pub fn refuse_ignored(command: &Command, given: &[(&str, bool)]) -> Result<()> {
+    let Some((argument, _)) = given.iter().find(|(_, present)| *present) else {
+        return Ok(());
+    };
+    let name = command.name();
+    let hint = match command {
+        Command::Chat { .. } => "; write `chat --system TEXT PROMPT`".to_string(),
+        Command::Encode | Command::Decode => format!("; `{name}` reads its input from stdin"),
+    };
+    bail!("{argument} before `{name}` would be ignored: only --model and --tokenizer apply to a subcommand{hint}")
+}
+
 // ANCHOR: show_prompt
 /// The chat-formatted prompt as ids, each beside the text it stands for, the round trip,
 /// and the tokens that will end generation (`config.json`'s `eos_token_id`).
@@ -113,7 +139,7 @@ pub fn join_ids(ids: &[u32]) -> String {
 
 // ANCHOR: tokenizer_file
 /// `--tokenizer` (or `$LLAMA_TOKENIZER`), else `tokenizer.model` or `original/tokenizer.model`
-/// in the model directory (a Hugging Face download has the latter), else
+/// in the model directory (a Hugging Face download has the latter), else the repository's
 /// `models/tokenizer.model` (where `cargo x fetch-tokenizer` puts it).
 pub fn tokenizer_file(given: Option<&Path>, model_dir: &Path) -> Result<PathBuf> {
     if let Some(path) = given {
@@ -122,13 +148,13 @@ pub fn tokenizer_file(given: Option<&Path>, model_dir: &Path) -> Result<PathBuf>
     let candidates = [
         model_dir.join("tokenizer.model"),
         model_dir.join("original/tokenizer.model"),
-        PathBuf::from("models/tokenizer.model"),
+        crate::checkpoint::default_path("models/tokenizer.model"),
     ];
     match candidates.iter().find(|path| path.is_file()) {
         Some(path) => Ok(path.clone()),
         None => bail!(
             "no tokenizer.model found (looked for {}); run `cargo x fetch-tokenizer` or pass --tokenizer PATH",
-            candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            candidates.iter().map(|p| absolute(p).display().to_string()).collect::<Vec<_>>().join(", ")
         ),
     }
 }
@@ -143,7 +169,7 @@ fn check_given_tokenizer(path: &Path) -> Result<PathBuf> {
     if path.as_os_str().is_empty() {
         bail!("{source} is empty: give the path of Meta's tokenizer.model");
     }
-    let shown = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let shown = absolute(path);
     if path.file_name().is_some_and(|name| name == "tokenizer.json") {
         bail!(
             "{source} names {}, Hugging Face's tokenizer.json; this engine reads Meta's tokenizer.model \
@@ -155,6 +181,11 @@ fn check_given_tokenizer(path: &Path) -> Result<PathBuf> {
         bail!("{source} names {}, which is not a file", shown.display());
     }
     Ok(path.to_path_buf())
+}
+
+/// A path as messages show it: absolute, so a reader in another folder sees where we looked.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// A prompt must say something: an empty or blank one is refused before anything is loaded.
