@@ -7,5 +7,6 @@ pub mod check;
 pub mod checkpoint;
 pub mod config;
 pub mod gpu;
+pub mod index;
 pub mod tokenizer;
 pub mod weights;

@@ -28,13 +28,13 @@ use ch02_tokenizer::weights::{self, Weights};
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Model directory holding config.json and model.safetensors.
+    /// Model directory holding config.json and model.safetensors (or its shards and their index).
     #[arg(long, global = true, value_name = "DIR", default_value_os_t = checkpoint::default_model_dir())]
     model: PathBuf,
     /// Meta's tokenizer.model [default: in the model directory, then the repository's models/tokenizer.model].
     #[arg(long, global = true, env = "LLAMA_TOKENIZER", value_name = "PATH")]
     tokenizer: Option<PathBuf>,
-    /// Print model.safetensors' 8-byte header length and its raw JSON header, then stop.
+    /// Print each safetensors file's 8-byte header length and its raw JSON header, then stop.
     #[arg(long)]
     header: bool,
     /// Stop after validating the files (no GPU needed).
@@ -85,21 +85,16 @@ fn run(cli: Cli) -> Result<()> {
     if let Some(prompt) = &cli.prompt {
         commands::require_prompt(prompt)?;
     }
-    let model_file = checkpoint::model_file(&cli.model)?;
+    let model_files = checkpoint::model_files(&cli.model)?;
     if cli.header {
-        return checkpoint::print_header(&model_file);
+        return checkpoint::print_header(&model_files);
     }
     let config = Config::from_file(&cli.model.join("config.json"))?;
-    let checkpoint = Checkpoint::open(&model_file, &config)?;
+    let checkpoint = Checkpoint::open(&model_files, &config)?;
     println!("model   {}", cli.model.display());
     println!("config  {}", config.summary());
     println!("        {}", config.constants());
-    println!(
-        "file    {} bytes: 8-byte length, {} bytes of JSON header, {} tensors, all BF16",
-        checkpoint.file_len(),
-        checkpoint.header_len,
-        checkpoint.tensors.len()
-    );
+    println!("{}", checkpoint.describe());
     if !checkpoint.ignored.is_empty() {
         println!("note    ignoring tensors a Llama model does not use: {}", checkpoint.ignored.join(", "));
     }

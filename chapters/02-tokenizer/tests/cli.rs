@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use llama_reference::synth::{SynthConfig, write_checkpoint};
+use llama_reference::synth::{SynthConfig, SynthOptions, write_checkpoint, write_checkpoint_with};
 use safetensors::{Dtype, tensor::TensorView};
 
 /// Runs this chapter's binary in its package folder (inside the repository), with the
@@ -83,6 +83,24 @@ fn without_verbose_no_gpu_prints_the_summary_only() {
     assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
     assert!(stdout.contains("20 tensors, all BF16"), "{stdout}");
     assert!(!stdout.contains("model.embed_tokens.weight"), "{stdout}");
+}
+
+#[test]
+fn a_sharded_checkpoint_runs_like_one_file() {
+    let (single, sharded) = (tiny_model(), tempfile::tempdir().unwrap());
+    let options = SynthOptions { shard_bytes: Some(4_000_000), ..Default::default() };
+    write_checkpoint_with(SynthConfig::Tiny, 1, sharded.path(), &options).unwrap();
+    let run = |dir: &Path| {
+        let output = run_binary(&["--model", dir.to_str().unwrap(), "--no-gpu", "--verbose", "Hi"]);
+        assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let (one, many) = (run(single.path()), run(sharded.path()));
+    let files = many.lines().find(|line| line.starts_with("files   ")).expect("a line about the shards");
+    assert!(files.contains("shards listed in model.safetensors.index.json") && files.ends_with("20 tensors, all BF16"));
+    // Past the model and file lines, the output is the same: the same tensors, the same table.
+    let after_files = |out: &str| out.lines().skip(4).collect::<Vec<_>>().join("\n");
+    assert_eq!(after_files(&one), after_files(&many));
 }
 
 #[test]

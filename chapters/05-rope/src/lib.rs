@@ -8,6 +8,7 @@ pub mod check;
 pub mod checkpoint;
 pub mod config;
 pub mod gpu;
+pub mod index;
 pub mod model;
 pub mod ops;
 pub mod rope;

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod generate;
 pub mod gpu;
+pub mod index;
 pub mod model;
 pub mod ops;
 pub mod rope;

@@ -172,12 +172,26 @@ pub fn linear_add(
 // ANCHOR_END: linear_add
 
 // ANCHOR: attention
+/// The largest head [`attention_prefill`] holds: the kernel keeps the query in a fixed
+/// shared array (`MAX_HEAD_DIM` in attention_prefill.cu). Llama 3's heads are 64 or 128.
+pub const ATTENTION_MAX_HEAD_DIM: usize = 256;
+
 /// The most keys [`attention_prefill`] can score: one fp32 score per key sits in shared
 /// memory, beside the kernel's own 1 KiB query buffer (MAX_HEAD_DIM floats) and the two
 /// block reductions' 128 bytes each, and a block may use 48 KiB.
 /// (11,968 keys: a multiple of 4, so the rounding below stays within the 48 KiB.)
 pub const ATTENTION_MAX_KEYS: usize =
-    (48 * 1024 - (256 + 2 * 32) * std::mem::size_of::<f32>()) / std::mem::size_of::<f32>();
+    (48 * 1024 - (ATTENTION_MAX_HEAD_DIM + 2 * 32) * std::mem::size_of::<f32>()) / std::mem::size_of::<f32>();
+
+/// Refuses, before anything is loaded, a model whose heads the attention kernel cannot hold.
+pub fn check_attention_shape(config: &Config) -> Result<()> {
+    ensure!(
+        config.head_dim <= ATTENTION_MAX_HEAD_DIM,
+        "head_dim {} is more than the attention kernel holds ({ATTENTION_MAX_HEAD_DIM})",
+        config.head_dim
+    );
+    Ok(())
+}
 
 /// The scores' shared memory is rounded up to whole groups of 4 floats: the compiler reads
 /// the last few scores with one wider load, which may reach past the last one (memcheck
@@ -202,7 +216,7 @@ pub fn attention_prefill(
         "attention: k or v is not [{tokens}, {kv_heads} x {head_dim}]"
     );
     ensure!(out.len() == q.len(), "attention: the output is not q's size");
-    ensure!(head_dim <= 256, "the attention kernel handles head_dim up to 256");
+    ensure!(head_dim <= ATTENTION_MAX_HEAD_DIM, "the attention kernel handles head_dim up to {ATTENTION_MAX_HEAD_DIM}");
     ensure!(tokens <= ATTENTION_MAX_KEYS, "{tokens} tokens is too many for one attention block's shared memory");
     gpu.poison(out)?;
     let launch = LaunchConfig {

@@ -1,7 +1,10 @@
 //! Synthetic checkpoints: the exact file layout, tensor names, shapes and BF16 dtype of
-//! Llama 3.2 1B Instruct (or of a tiny model of the same architecture), filled with
-//! deterministic pseudo-random values. Real weights cannot be downloaded on our machines;
-//! these run at exactly the speed of the real ones and load unchanged in transformers.
+//! Llama 3.2 1B Instruct, Llama 3.2 3B Instruct or Llama 3.1 8B Instruct (or of a tiny model
+//! of the same architecture), filled with deterministic pseudo-random values, and split into
+//! shard files as the real downloads are ([`shards`]). Real weights cannot be downloaded on
+//! our machines; these run at exactly the speed of the real ones and load unchanged in
+//! transformers. With [`SynthOptions::layers`] they keep the widths but drop layers, for
+//! reference checks that take seconds instead of minutes.
 //!
 //! # Why the weights are not plain noise
 //!
@@ -21,9 +24,9 @@
 //! residual stream by a sizable amount and every intermediate check stays meaningful.
 
 pub mod circuit;
+pub mod shards;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -38,8 +41,14 @@ use circuit::{BEGIN_OF_TEXT, Layout, PLANTED_CONTEXT, SCORE_MARGIN, SPECIAL_TOKE
 /// Which synthetic model to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SynthConfig {
-    /// Llama 3.2 1B Instruct's exact config.json (2.47 GB of BF16 weights).
+    /// Llama 3.2 1B Instruct's exact config.json (2.47 GB of BF16 weights, one file).
     OneB,
+    /// Llama 3.2 3B Instruct's exact config.json (6.43 GB, two shards): head size 128 and
+    /// groups of 3 query heads per KV head.
+    ThreeB,
+    /// Llama 3.1 8B Instruct's exact config.json (16.06 GB, four shards): an untied LM head
+    /// and RoPE scaled by 8 instead of 32.
+    EightB,
     /// The same architecture, head size and real vocabulary, small: hidden 512, 2 layers,
     /// 8 query heads and 2 KV heads of 64 (the 1B model's group of 4), FFN 1024.
     Tiny,
@@ -52,16 +61,20 @@ impl SynthConfig {
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "1b" => Ok(SynthConfig::OneB),
+            "3b" => Ok(SynthConfig::ThreeB),
+            "8b" => Ok(SynthConfig::EightB),
             "tiny" => Ok(SynthConfig::Tiny),
             "tiny-untied" => Ok(SynthConfig::TinyUntied),
-            other => anyhow::bail!("unknown synthetic config {other:?} (expected 1b, tiny or tiny-untied)"),
+            other => anyhow::bail!("unknown synthetic config {other:?} (expected 1b, 3b, 8b, tiny or tiny-untied)"),
         }
     }
 
-    /// The text of `config.json`.
+    /// The text of `config.json`, with all of the model's layers.
     pub fn config_json(self) -> String {
         match self {
             SynthConfig::OneB => LLAMA_3_2_1B_CONFIG_JSON.to_string(),
+            SynthConfig::ThreeB => LLAMA_3_2_3B_CONFIG_JSON.to_string(),
+            SynthConfig::EightB => LLAMA_3_1_8B_CONFIG_JSON.to_string(),
             SynthConfig::Tiny => tiny_config_json(),
             SynthConfig::TinyUntied => tiny_config_json()
                 .replace(r#""rope_theta": 500000.0,"#, "")
@@ -70,7 +83,115 @@ impl SynthConfig {
                 .replace(r#""tie_word_embeddings": true"#, r#""tie_word_embeddings": false"#),
         }
     }
+
+    /// The text of `config.json` as [`write_checkpoint_with`] writes it: with
+    /// `options.layers`, `num_hidden_layers` says that many (at least 1, since layer 0 holds
+    /// the planted circuit, and at most the model's own count).
+    pub fn config_json_with(self, options: &SynthOptions) -> Result<String> {
+        let json = self.config_json();
+        let Some(layers) = options.layers else { return Ok(json) };
+        let all = LlamaConfig::from_json(&json)?.num_hidden_layers;
+        anyhow::ensure!(
+            (1..=all).contains(&layers),
+            "the layer count must be from 1 (layer 0 holds the planted circuit) to {all}, the {self:?} model's own; got {layers}"
+        );
+        let (from, to) = (format!(r#""num_hidden_layers": {all},"#), format!(r#""num_hidden_layers": {layers},"#));
+        anyhow::ensure!(json.matches(&from).count() == 1, "the {self:?} config does not spell {from} once");
+        Ok(json.replace(&from, &to))
+    }
+
+    /// The largest shard of the real download; `None` where it is one `model.safetensors`.
+    fn download_shard_bytes(self) -> Option<u64> {
+        match self {
+            SynthConfig::ThreeB | SynthConfig::EightB => Some(shards::HUGGING_FACE_SHARD_BYTES),
+            SynthConfig::OneB | SynthConfig::Tiny | SynthConfig::TinyUntied => None,
+        }
+    }
 }
+
+/// The `config.json` of meta-llama/Llama-3.2-3B-Instruct, as published.
+const LLAMA_3_2_3B_CONFIG_JSON: &str = r#"{
+  "architectures": [
+    "LlamaForCausalLM"
+  ],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": [
+    128001,
+    128008,
+    128009
+  ],
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 3072,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 24,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+}
+"#;
+
+/// The `config.json` of meta-llama/Llama-3.1-8B-Instruct, as published: no `head_dim`
+/// (it is `hidden_size / num_attention_heads` = 128), an untied LM head and RoPE scaled by 8.
+const LLAMA_3_1_8B_CONFIG_JSON: &str = r#"{
+  "architectures": [
+    "LlamaForCausalLM"
+  ],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": [
+    128001,
+    128008,
+    128009
+  ],
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+}
+"#;
 
 fn tiny_config_json() -> String {
     LLAMA_3_2_1B_CONFIG_JSON
@@ -81,34 +202,66 @@ fn tiny_config_json() -> String {
         .replace(r#""num_key_value_heads": 8"#, r#""num_key_value_heads": 2"#)
 }
 
-/// What [`write_checkpoint`] wrote.
+/// How to write a synthetic checkpoint, beyond which model and seed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SynthOptions {
+    /// Write only this many layers (same widths), for fast reference checks. The checkpoint
+    /// is then a model of that many layers in its own right: the random layers' scale
+    /// follows the layer count, as it does for every model.
+    pub layers: Option<usize>,
+    /// Split into shards of at most this many bytes of tensor data, with an index file;
+    /// `None`: the real download's layout (one file for 1B and the tiny models, 5 GB shards for 3B and 8B).
+    pub shard_bytes: Option<u64>,
+}
+
+/// What [`write_checkpoint_with`] wrote.
+#[derive(Debug)]
 pub struct SynthSummary {
     pub tensors: usize,
     pub bytes: u64,
+    /// Number of safetensors files: 1 for `model.safetensors`, else the shards.
+    pub files: usize,
+    /// Layers written: the model's own count, or [`SynthOptions::layers`].
+    pub layers: usize,
     /// Length of every orbit of the planted circuit.
     pub orbit_length: usize,
 }
 
-/// Writes `config.json` and `model.safetensors` for `which` into `out_dir`.
+/// Writes `config.json` and the weights of `which` into `out_dir`, laid out as the real
+/// download is.
 pub fn write_checkpoint(which: SynthConfig, seed: u64, out_dir: &Path) -> Result<SynthSummary> {
-    let config_json = which.config_json();
+    write_checkpoint_with(which, seed, out_dir, &SynthOptions::default())
+}
+
+/// Writes `config.json` and the weights of `which` into `out_dir`: one `model.safetensors`,
+/// or shards and `model.safetensors.index.json` (see [`shards`]). Weight files an earlier
+/// write left in `out_dir` are removed first, so the folder never holds two layouts.
+pub fn write_checkpoint_with(
+    which: SynthConfig,
+    seed: u64,
+    out_dir: &Path,
+    options: &SynthOptions,
+) -> Result<SynthSummary> {
+    let config_json = which.config_json_with(options)?;
     let config = LlamaConfig::from_json(&config_json)?;
+    let shard_bytes = options.shard_bytes.or(which.download_shard_bytes());
+    anyhow::ensure!(shard_bytes != Some(0), "the shard size must be positive");
+    let plan = Plan::new(&config, seed)?;
+
     std::fs::create_dir_all(out_dir).with_context(|| format!("cannot create {}", out_dir.display()))?;
+    shards::remove_old_weights(out_dir)?;
     std::fs::write(out_dir.join("config.json"), &config_json)
         .with_context(|| format!("cannot write {}", out_dir.join("config.json").display()))?;
-
-    let plan = Plan::new(&config, seed)?;
     let tensors = tensor_list(&config, &plan);
-    let summary = SynthSummary {
-        tensors: tensors.len(),
-        bytes: tensors.iter().map(|(_, t)| t.data_len() as u64).sum(),
+    let tensor_count = tensors.len();
+    let written = shards::write(tensors, shard_bytes, out_dir)?;
+    Ok(SynthSummary {
+        tensors: tensor_count,
+        bytes: written.bytes,
+        files: written.files,
+        layers: config.num_hidden_layers,
         orbit_length: plan.circuit.orbit_length(),
-    };
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let path = out_dir.join("model.safetensors");
-    safetensors::serialize_to_file(tensors, Some(metadata), &path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(summary)
+    })
 }
 
 /// Value of the anchor coordinate of every row but `<|begin_of_text|>`'s.
@@ -160,10 +313,25 @@ impl Scores {
         Scores { peak, loud: 3.0 * SCORE_MARGIN, sink: peak + 2.0 * SCORE_MARGIN, profile, inv_freq }
     }
 
-    /// The pair that carries content: the slowest, which turns by less than a
-    /// thousandth of a radian over the planted context, so it ignores positions.
+    /// The pair that carries content: the slowest, which turns by a few ten-thousandths
+    /// of a radian over the planted context (1.3 thousandths in Llama 3.1 8B, whose RoPE is
+    /// scaled by 8, not 32), so it all but ignores positions.
     fn content_pair(&self) -> usize {
         self.inv_freq.len() - 1
+    }
+
+    /// The largest angle the content pair turns between two positions of the planted context.
+    fn content_turn(&self) -> f64 {
+        self.inv_freq[self.content_pair()] * PLANTED_CONTEXT as f64
+    }
+
+    /// How much the content pair's turn can take off a margin, in softmax units. A content
+    /// term `c` between positions `Δ` apart scores `c·cos(Δθ)`, not `c`: RoPE turns the query
+    /// and key pairs by their positions and their dot product keeps the cosine of the
+    /// difference. So a key's content score drops by at most `c·(1 − cos(turn))`, about
+    /// `c·turn²/2`, and the largest content term is the sink's.
+    fn content_loss(&self) -> f64 {
+        self.sink.max(self.loud) * (1.0 - self.content_turn().cos())
     }
 }
 
@@ -171,8 +339,15 @@ impl Plan {
     fn new(config: &LlamaConfig, seed: u64) -> Result<Self> {
         let circuit = Circuit::new(config, seed)?;
         let scores = Scores::new(config);
-        let content_turn = scores.inv_freq[scores.content_pair()] * PLANTED_CONTEXT as f64;
-        anyhow::ensure!(content_turn < 1e-3, "the slowest rotary pair turns {content_turn} rad over the context");
+        // The margins are built for content terms that ignore position. The content pair's
+        // turn shrinks them by `content_loss`; allow a hundredth of the margin, which admits
+        // turns up to about 0.045 rad (Llama 3.1 8B turns 1.3e-3 rad, costing 1e-4 of the 12).
+        anyhow::ensure!(
+            scores.content_loss() < SCORE_MARGIN / 100.0,
+            "the slowest rotary pair turns {} rad over the planted context, costing {} of the margin {SCORE_MARGIN}",
+            scores.content_turn(),
+            scores.content_loss()
+        );
         let layout = circuit.layout;
         let norm = |values: &dyn Fn(usize) -> f32, len: usize| (0..len).map(|i| values(i).powi(2)).sum::<f32>().sqrt();
         let orbits = SPECIAL_TOKENS_START as usize / layout.echo_len;
@@ -326,7 +501,8 @@ impl Plan {
 }
 
 /// A tensor whose BF16 bytes are computed when the writer asks for them, one tensor at a
-/// time, so the 2.5 GB checkpoint never sits in memory as a whole.
+/// time, so a checkpoint (16 GB for Llama 3.1 8B) never sits in memory as a whole: only
+/// the tensor being written does, at most the 1 GB embedding.
 struct LazyTensor<'a> {
     shape: Vec<usize>,
     value: Box<dyn Fn(usize) -> f32 + Sync + 'a>,
@@ -535,10 +711,89 @@ mod tests {
     #[test]
     fn config_names_parse() {
         assert_eq!(SynthConfig::parse("1b").unwrap(), SynthConfig::OneB);
+        assert_eq!(SynthConfig::parse("3b").unwrap(), SynthConfig::ThreeB);
+        assert_eq!(SynthConfig::parse("8b").unwrap(), SynthConfig::EightB);
         assert!(SynthConfig::parse("7b").is_err());
         let untied = LlamaConfig::from_json(&SynthConfig::TinyUntied.config_json()).unwrap();
         let tied = LlamaConfig::from_json(&SynthConfig::Tiny.config_json()).unwrap();
         assert!(!untied.tie_word_embeddings && tied.tie_word_embeddings);
         assert_eq!(untied.rope, tied.rope, "rope_parameters must mean the same as rope_theta + rope_scaling");
+    }
+
+    fn config(which: SynthConfig) -> LlamaConfig {
+        LlamaConfig::from_json(&which.config_json()).unwrap()
+    }
+
+    #[test]
+    fn the_3b_and_8b_configs_are_the_published_shapes() {
+        let three = config(SynthConfig::ThreeB);
+        assert_eq!((three.hidden_size, three.intermediate_size, three.num_hidden_layers), (3072, 8192, 28));
+        assert_eq!((three.num_attention_heads, three.num_key_value_heads, three.head_dim), (24, 8, 128));
+        assert!(three.tie_word_embeddings);
+        assert_eq!(three.rope.llama3_scaling.unwrap().factor, 32.0);
+
+        let eight = config(SynthConfig::EightB);
+        assert!(!SynthConfig::EightB.config_json().contains("head_dim"), "Llama 3.1 8B's config has no head_dim");
+        assert_eq!((eight.hidden_size, eight.intermediate_size, eight.num_hidden_layers), (4096, 14336, 32));
+        assert_eq!((eight.num_attention_heads, eight.num_key_value_heads, eight.head_dim), (32, 8, 128));
+        assert!(!eight.tie_word_embeddings);
+        assert_eq!(eight.rope.llama3_scaling.unwrap().factor, 8.0);
+        for config in [three, eight] {
+            assert_eq!((config.vocab_size, config.max_position_embeddings), (128_256, 131_072));
+            assert_eq!(config.rope.theta, 500_000.0);
+            assert_eq!(config.eos_token_ids, [128_001, 128_008, 128_009]);
+        }
+    }
+
+    /// Head size 128 has twice the rotary pairs of 64; the peak still leads by a quarter, and
+    /// the content pair of the 8B model (RoPE scaled by 8, not 32, so it turns 4 times as
+    /// far as the 3B's) costs about a ten-thousandth of a softmax unit.
+    #[test]
+    fn head_size_128_keeps_the_positional_gap_and_a_still_content_pair() {
+        for (which, turn_below) in [(SynthConfig::ThreeB, 4e-4), (SynthConfig::EightB, 1.3e-3)] {
+            let scores = Scores::new(&config(which));
+            let gap = circuit::position_gap(&scores.profile, &scores.inv_freq);
+            assert!((0.24..0.25).contains(&gap), "{which:?}: gap {gap}");
+            assert_eq!(scores.profile[scores.content_pair()], 0.0);
+            assert!(scores.content_turn() < turn_below, "{which:?}: turn {}", scores.content_turn());
+            assert!(scores.content_loss() < 2e-4, "{which:?}: loss {}", scores.content_loss());
+        }
+    }
+
+    /// The full 3B and 8B plans (no file written): the circuit fits their groups of 3 and 4
+    /// query heads, and Hugging Face's 5 GB rule splits them into the download's 2 and 4 shards.
+    #[test]
+    fn the_3b_and_8b_plans_hold_and_split_like_the_downloads() {
+        let distances = |plan: &Plan| plan.circuit.heads.iter().map(|h| h.distance).collect::<Vec<_>>();
+        for (which, heads, bytes, files) in [
+            (SynthConfig::ThreeB, vec![0, 6, 40], 6_425_499_648, 2),
+            (SynthConfig::EightB, vec![0, 5, 6, 40], 16_060_522_496, 4),
+        ] {
+            let config = config(which);
+            let plan = Plan::new(&config, 1).unwrap();
+            assert_eq!(distances(&plan), heads, "{which:?}");
+            assert_eq!(plan.circuit.orbit_length(), 1024);
+            let sizes: Vec<u64> = tensor_list(&config, &plan).iter().map(|(_, t)| t.data_len() as u64).collect();
+            assert_eq!(sizes.iter().sum::<u64>(), bytes, "{which:?}");
+            let shards = shards::assign_shards(&sizes, which.download_shard_bytes().unwrap());
+            assert_eq!(shards.last().unwrap() + 1, files, "{which:?}");
+        }
+        assert_eq!(SynthConfig::OneB.download_shard_bytes(), None);
+    }
+
+    #[test]
+    fn layers_rewrites_only_the_layer_count_within_bounds() {
+        let two = SynthOptions { layers: Some(2), ..SynthOptions::default() };
+        let json = SynthConfig::EightB.config_json_with(&two).unwrap();
+        let mut expected = config(SynthConfig::EightB);
+        expected.num_hidden_layers = 2;
+        assert_eq!(LlamaConfig::from_json(&json).unwrap(), expected);
+        let all = SynthOptions { layers: Some(32), ..SynthOptions::default() };
+        assert_eq!(SynthConfig::EightB.config_json_with(&all).unwrap(), SynthConfig::EightB.config_json());
+        for layers in [0, 33] {
+            let options = SynthOptions { layers: Some(layers), ..SynthOptions::default() };
+            let err = SynthConfig::EightB.config_json_with(&options).unwrap_err().to_string();
+            assert!(err.contains("from 1") && err.contains("to 32,"), "{err}");
+        }
     }
 }

@@ -1,9 +1,12 @@
 //! Synthetic checkpoints: the real layout, deterministic, and a planted circuit whose greedy
 //! output depends on the prompt, on a token 40 positions back, and ends some prompts early.
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
 use llama_reference::synth::circuit::{BEGIN_OF_TEXT, END_AFTER, END_OF_TURN};
-use llama_reference::synth::{Circuit, SynthConfig, write_checkpoint};
-use llama_reference::{Checkpoint, Model};
+use llama_reference::synth::{Circuit, SynthConfig, SynthOptions, write_checkpoint, write_checkpoint_with};
+use llama_reference::{Checkpoint, LlamaConfig, Model};
 
 const HF_LAYER_TENSORS: [&str; 9] = [
     "input_layernorm",
@@ -158,6 +161,86 @@ fn a_prompt_ending_in_quiet_words_stops_at_end_of_turn() {
         let generated = model.greedy(&chat(user), 50, &STOP_TOKENS).unwrap();
         assert_eq!(generated.len(), END_AFTER, "{text:?} gave {generated:?}");
         assert_eq!(generated.last(), Some(&END_OF_TURN), "{text:?} gave {generated:?}");
+    }
+}
+
+/// The tensor names of one safetensors file.
+fn tensor_names(path: &Path) -> Vec<String> {
+    let bytes = std::fs::read(path).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = tensors.names().into_iter().map(str::to_string).collect();
+    names.sort();
+    names
+}
+
+/// Every safetensors file in `dir`, by name.
+fn safetensors_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".safetensors"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The same folder rewritten as small shards: the index names every tensor once, each shard
+/// holds exactly the tensors it is named for, the model is the same, and the single file of
+/// the first write is gone (other files stay).
+#[test]
+fn small_shards_have_a_complete_index_and_load_as_the_same_model() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "kept").unwrap();
+    let single = write_checkpoint(SynthConfig::Tiny, 6, dir.path()).unwrap();
+    assert_eq!(single.files, 1);
+    let prompt = chat(PROMPTS[1].1);
+    let from_one_file = Model::load(dir.path()).unwrap().greedy(&prompt, 8, &STOP_TOKENS).unwrap();
+
+    let options = SynthOptions { shard_bytes: Some(4_000_000), ..SynthOptions::default() };
+    let sharded = write_checkpoint_with(SynthConfig::Tiny, 6, dir.path(), &options).unwrap();
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap())
+            .unwrap();
+    assert_eq!(index["metadata"]["total_size"].as_u64(), Some(single.bytes));
+    let mut by_shard: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (tensor, shard) in index["weight_map"].as_object().unwrap() {
+        by_shard.entry(shard.as_str().unwrap().to_string()).or_default().push(tensor.clone());
+    }
+    let count = by_shard.len();
+    assert!(count > 2 && sharded.files == count, "{count} shards, {} files", sharded.files);
+    let expected_names: Vec<String> = (1..=count).map(|i| format!("model-{i:05}-of-{count:05}.safetensors")).collect();
+    assert_eq!(by_shard.keys().cloned().collect::<Vec<_>>(), expected_names);
+    assert_eq!(safetensors_files(dir.path()), expected_names, "model.safetensors must be gone");
+    let indexed: usize = by_shard.values().map(Vec::len).sum();
+    assert_eq!((indexed, sharded.tensors, sharded.bytes), (single.tensors, single.tensors, single.bytes));
+    for (shard, mut tensors) in by_shard {
+        tensors.sort();
+        assert_eq!(tensor_names(&dir.path().join(&shard)), tensors, "{shard}");
+    }
+    assert_eq!(Model::load(dir.path()).unwrap().greedy(&prompt, 8, &STOP_TOKENS).unwrap(), from_one_file);
+    assert!(dir.path().join("notes.txt").exists());
+}
+
+/// One layer: the widths stay, config.json says 1 layer, and layer 0 alone follows the rule.
+#[test]
+fn one_layer_keeps_the_widths_and_the_planted_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = SynthOptions { layers: Some(1), ..SynthOptions::default() };
+    let summary = write_checkpoint_with(SynthConfig::Tiny, 8, dir.path(), &options).unwrap();
+    assert_eq!((summary.layers, summary.tensors, summary.files), (1, 2 + 9, 1));
+    let config = LlamaConfig::from_file(&dir.path().join("config.json")).unwrap();
+    let mut full = LlamaConfig::from_json(&SynthConfig::Tiny.config_json()).unwrap();
+    full.num_hidden_layers = 1;
+    assert_eq!(config, full);
+    let model = Model::load(dir.path()).unwrap();
+    assert_eq!(model.layers.len(), 1);
+    let circuit = Circuit::new(&model.config, 8).unwrap();
+    let long = [loud_words(50, 8), vec![13]].concat();
+    for prompt in [chat(PROMPTS[8].1), chat(&long)] {
+        let (tokens, margins) = greedy_with_margins(&model, &prompt, 24);
+        assert_eq!(tokens, circuit.greedy(&prompt, 24, &STOP_TOKENS), "prompt {prompt:?}");
+        let worst = margins.iter().copied().fold(f32::INFINITY, f32::min);
+        assert!(worst > 0.2, "a winning logit leads by only {worst:.3} of itself ({prompt:?})");
     }
 }
 

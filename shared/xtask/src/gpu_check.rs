@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result, bail};
-use llama_reference::synth::{SynthConfig, write_checkpoint};
+use anyhow::{Context, Result, bail, ensure};
+use llama_reference::synth::{SynthConfig, SynthOptions, write_checkpoint, write_checkpoint_with};
 
 use crate::paths;
 
@@ -36,11 +36,19 @@ pub struct Args {
     /// Folder holding the chapter binaries (ch01-weights, …) [default: target/release in the repository].
     #[arg(long, value_name = "DIR")]
     bin_dir: Option<PathBuf>,
-    /// Use this model directory instead of writing a synthetic 1B checkpoint.
+    /// Use this model directory instead of writing a synthetic checkpoint.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// Where to write the synthetic checkpoint.
-    #[arg(long, default_value = "/tmp/gpu-check-1b")]
+    /// The synthetic checkpoint's shape: `1b`, `3b` or `8b` (Llama 3.2 1B, 3.2 3B, 3.1 8B).
+    #[arg(long, default_value = "1b", value_name = "1b|3b|8b")]
+    config: String,
+    /// Layers of the checkpoint the chapters' --check runs use; the CPU reference they compare
+    /// with holds 4 bytes per parameter [default: all for 1b, 4 for 3b and 8b]. The agreement
+    /// with transformers always runs at full depth.
+    #[arg(long, value_name = "N")]
+    check_layers: Option<usize>,
+    /// Where to write the synthetic checkpoints.
+    #[arg(long, default_value = "/tmp/gpu-check")]
     work_dir: PathBuf,
     /// Seed of the synthetic weights; each run draws a new one unless given.
     #[arg(long)]
@@ -110,10 +118,29 @@ pub fn run(args: Args) -> Result<()> {
     };
     let seed = args.seed.unwrap_or_else(time_seed);
     let needs_model = !args.sanitize_only || tools.iter().any(|tool| !tool.on_tiny());
-    let model = match &args.model {
-        Some(dir) => dir.clone(),
-        None if needs_model => synthetic_model(SynthConfig::OneB, &args.work_dir, seed)?,
-        None => args.work_dir.clone(),
+    let shape = SynthConfig::parse(&args.config)?;
+    ensure!(
+        matches!(shape, SynthConfig::OneB | SynthConfig::ThreeB | SynthConfig::EightB),
+        "--config takes 1b, 3b or 8b"
+    );
+    let check_layers = args.check_layers.or(if shape == SynthConfig::OneB { None } else { Some(4) });
+    // The chapters' --check runs use `model`; the agreement with transformers, `full_model`.
+    let (model, full_model) = match &args.model {
+        Some(dir) => (dir.clone(), dir.clone()),
+        None if !needs_model => (args.work_dir.clone(), args.work_dir.clone()),
+        None => {
+            let full = args.work_dir.join(&args.config);
+            let full_needed = check_layers.is_none() || (!args.sanitize_only && !args.no_agreement);
+            let full_model = if full_needed { Some(synthetic_model(shape, None, &full, seed)?) } else { None };
+            let model = match check_layers {
+                None => full.clone(),
+                Some(layers) => {
+                    let dir = args.work_dir.join(format!("{}-{layers}-layers", args.config));
+                    synthetic_model(shape, Some(layers), &dir, seed)?
+                }
+            };
+            (model, full_model.unwrap_or(full))
+        }
     };
     let prompt = random_prompt(seed);
     println!("gpu-check: prompt {prompt:?}");
@@ -146,9 +173,12 @@ pub fn run(args: Args) -> Result<()> {
         if let Some(engine) = engine.filter(engine_chosen) {
             let prompts = [prompt.clone(), "Say hello.".to_string(), "Tell me about it.".to_string()];
             if !args.no_agreement {
-                rows.extend(transformers_agreement(&engine, &model, args.tokenizer.as_deref(), &prompts)?);
+                rows.extend(transformers_agreement(&engine, &full_model, args.tokenizer.as_deref(), &prompts)?);
             }
-            if !args.no_drift {
+            if !args.no_drift && shape != SynthConfig::OneB {
+                let name = engine.file_name().unwrap().to_string_lossy().into_owned();
+                rows.push(Row::note(&name, "drift against transformers: its fixed set of models is 1B", "SKIPPED"));
+            } else if !args.no_drift {
                 rows.extend(drift_ratios(&engine, &args.drift_dir, args.tokenizer.as_deref())?);
             }
         }
@@ -163,7 +193,7 @@ pub fn run(args: Args) -> Result<()> {
         };
         let tiny = args.sanitize_dir.join("tiny");
         if tools.iter().any(|tool| tool.on_tiny()) {
-            synthetic_model(SynthConfig::Tiny, &tiny, seed)?;
+            synthetic_model(SynthConfig::Tiny, None, &tiny, seed)?;
         }
         let models = SanitizeModels { large: &model, large_label: &label, tiny: &tiny };
         let plan = SanitizePlan {
@@ -181,7 +211,13 @@ pub fn run(args: Args) -> Result<()> {
     }
     let source = match &args.model {
         Some(dir) => dir.display().to_string(),
-        None if needs_model => format!("synthetic 1B, seed {seed}"),
+        None if needs_model => match check_layers {
+            None => format!("synthetic {}, seed {seed}", args.config),
+            Some(layers) => format!(
+                "synthetic {}, seed {seed}: --check runs at {layers} layers, agreement at full depth",
+                args.config
+            ),
+        },
         None => format!("synthetic tiny, seed {seed}"),
     };
     print_table(&rows, &source, &prompt);
@@ -271,12 +307,13 @@ fn time_seed() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) % 1_000_000
 }
 
-fn synthetic_model(which: SynthConfig, dir: &Path, seed: u64) -> Result<PathBuf> {
-    let size = if which == SynthConfig::OneB { "1B" } else { "tiny" };
-    println!("gpu-check: writing a synthetic {size} checkpoint (seed {seed}) to {}", dir.display());
+/// Writes a synthetic checkpoint of `which`'s shape, with only `layers` layers when given.
+fn synthetic_model(which: SynthConfig, layers: Option<usize>, dir: &Path, seed: u64) -> Result<PathBuf> {
+    let depth = layers.map_or_else(String::new, |n| format!(", {n} layers"));
+    println!("gpu-check: writing a synthetic {which:?} checkpoint (seed {seed}{depth}) into {}", dir.display());
     let start = Instant::now();
-    write_checkpoint(which, seed, dir)?;
-    println!("gpu-check: written in {:.1} s", start.elapsed().as_secs_f64());
+    let summary = write_checkpoint_with(which, seed, dir, &SynthOptions { layers, ..Default::default() })?;
+    println!("gpu-check: {} file(s) written in {:.1} s", summary.files, start.elapsed().as_secs_f64());
     Ok(dir.to_path_buf())
 }
 

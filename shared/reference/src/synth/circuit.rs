@@ -5,12 +5,14 @@
 //!
 //! Every token on an *orbit* (a closed walk through the vocabulary) has a *successor*.
 //! At each position the model looks at the current token and at the tokens a fixed
-//! number of positions back ([`ECHO_HEADS`]: 5, 6 and 40 for Llama 3.2 1B). Tokens are
-//! *loud* or *quiet* ([`Circuit::is_loud`]). The next token is the successor of the
-//! farthest loud token among those looked at; if none of them is loud, the successor of
-//! the current token. So the output echoes the prompt's loud words, each moved one step
-//! along its orbit, and a prompt whose last words are quiet runs down a fixed quiet path
-//! from `"\n\n"` to `<|eot_id|>` ([`END_AFTER`] steps) and stops.
+//! number of positions back ([`ECHO_HEADS`]: 5, 6 and 40 where a key/value group has four
+//! query heads, as in Llama 3.2 1B and Llama 3.1 8B; 6 and 40 where it has three, as in
+//! Llama 3.2 3B: [`group_heads`]). Tokens are *loud* or *quiet* ([`Circuit::is_loud`]).
+//! The next token is the successor of the farthest loud token among those looked at; if
+//! none of them is loud, the successor of the current token. So the output echoes the
+//! prompt's loud words, each moved one step along its orbit, and a prompt whose last words
+//! are quiet runs down a fixed quiet path from `"\n\n"` to `<|eot_id|>` ([`END_AFTER`]
+//! steps) and stops.
 //!
 //! # How the weights compute it
 //!
@@ -62,12 +64,13 @@ pub const QUIET_BELOW: u32 = 1000;
 /// How many steps after `"\n\n"` the quiet path reaches `<|eot_id|>`.
 pub const END_AFTER: usize = 20;
 
-/// Distances the heads of each key/value group look back, in the order of a group's
+/// Distances the heads of a key/value group of four look back, in the order of a group's
 /// query heads, with the gain of what they copy. Distance 0 is the current token and is
 /// never gated; the others speak only for a loud token. The farther, the louder: each gain
 /// is 1.5 times all smaller gains together plus the token's own row (worth 4/3 of a gain,
 /// since the echo holds 3/4 of a row's energy), so the rule holds by a third even when
-/// several heads and the current token all point at the same token.
+/// several heads and the current token all point at the same token. Smaller groups drop
+/// the nearest looking-back heads ([`group_heads`]).
 pub const ECHO_HEADS: [EchoHead; 4] = [
     EchoHead { distance: 0, gain: 2.0 },
     EchoHead { distance: 5, gain: 5.0 },
@@ -152,18 +155,15 @@ impl Circuit {
         anyhow::ensure!(layout.filler_start() < layout.hidden, "the hidden size leaves no room for filler");
         let group = config.group_size();
         anyhow::ensure!(
-            group >= ECHO_HEADS.len(),
-            "a synthetic model needs {} query heads per KV head",
-            ECHO_HEADS.len()
+            group >= 2,
+            "a synthetic model needs at least 2 query heads per KV head (one to look back), not {group}"
         );
         let orbit_order = orbit_order(seed);
         let mut place_of_token = vec![None; config.vocab_size];
         for (place, &token) in orbit_order.iter().enumerate() {
             place_of_token[token as usize] = Some(place as u32);
         }
-        // Extra query heads in a group (none in the Llama shapes we make) repeat the self head.
-        let heads = (0..group).map(|i| ECHO_HEADS.get(i).copied().unwrap_or(ECHO_HEADS[0])).collect();
-        Ok(Circuit { layout, orbit_order, place_of_token, heads })
+        Ok(Circuit { layout, orbit_order, place_of_token, heads: group_heads(group) })
     }
 
     /// Length of every orbit: one full turn of the echo coordinates.
@@ -223,6 +223,21 @@ impl Circuit {
     }
 }
 
+/// The heads of a key/value group of `group` (at least 2) query heads: the self head,
+/// then the farthest `group - 1` of the heads that look back, so a group of 3 (Llama 3.2
+/// 3B) looks 6 and 40 back and a group of 2 only 40. Dropping the smallest gains keeps
+/// every remaining gain at least 1.5 times all smaller ones together plus the own row,
+/// and keeps the farthest reach, which is what tells a paged KV cache's old pages apart.
+/// Query heads beyond four (none in the Llama shapes we make) repeat the self head.
+pub fn group_heads(group: usize) -> Vec<EchoHead> {
+    let looking_back = &ECHO_HEADS[1..];
+    let kept = (group - 1).min(looking_back.len());
+    let mut heads = vec![ECHO_HEADS[0]];
+    heads.extend_from_slice(&looking_back[looking_back.len() - kept..]);
+    heads.resize(group, ECHO_HEADS[0]);
+    heads
+}
+
 /// The orbit order: `"\n\n"`, then [`END_AFTER`]` - 1` quiet tokens, then `<|eot_id|>`
 /// (the quiet path), then every other ordinary token in a seeded random order. One
 /// ordinary token is left off to make room for `<|eot_id|>`.
@@ -244,9 +259,9 @@ fn orbit_order(seed: u64) -> Vec<u32> {
 /// The positional part of every head's query-key product: how much each rotary pair
 /// contributes (summing to 1, largest first). Half goes to the fastest pair, which tells
 /// neighbours apart; the other half is spread evenly over the pairs whose wavelength is
-/// under 1,000 positions, which tell far positions apart. With Llama 3's RoPE and head
-/// size 64 the peak beats every other distance up to [`PLANTED_CONTEXT`] by a quarter of
-/// its height ([`position_gap`]).
+/// under 1,000 positions, which tell far positions apart (12 pairs with head size 64, 24
+/// with 128). With Llama 3's RoPE and head size 64 or 128 the peak beats every other
+/// distance up to [`PLANTED_CONTEXT`] by a quarter of its height ([`position_gap`]).
 pub fn position_profile(inv_freq: &[f64]) -> Vec<f64> {
     let slow = inv_freq.iter().skip(1).filter(|&&f| 2.0 * std::f64::consts::PI / f < 1000.0).count();
     (0..inv_freq.len())
@@ -271,4 +286,26 @@ pub fn position_gap(profile: &[f64], inv_freq: &[f64]) -> f64 {
 /// The rotary frequencies of a config, for the circuit's positional heads.
 pub fn rotary_frequencies(config: &LlamaConfig) -> Vec<f64> {
     inverse_frequencies(&config.rope, config.head_dim)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smaller_groups_keep_the_self_head_and_the_farthest_heads() {
+        let distances = |group| group_heads(group).iter().map(|h| h.distance).collect::<Vec<_>>();
+        assert_eq!(distances(2), [0, 40]);
+        assert_eq!(distances(3), [0, 6, 40]);
+        assert_eq!(distances(4), [0, 5, 6, 40]);
+        assert_eq!(distances(6), [0, 5, 6, 40, 0, 0]);
+        // Each gated gain is at least 1.5 times all smaller gains together plus the own row.
+        for group in 2..=4 {
+            let heads = group_heads(group);
+            for (i, head) in heads.iter().enumerate().skip(1) {
+                let smaller: f32 = heads[..i].iter().map(|h| h.gain).sum::<f32>() + 4.0 / 3.0;
+                assert!(head.gain >= 1.5 * smaller - 1e-4, "group {group}, head {head:?}");
+            }
+        }
+    }
 }
