@@ -47,7 +47,8 @@ pub struct Args {
     /// with transformers always runs at full depth.
     #[arg(long, value_name = "N")]
     check_layers: Option<usize>,
-    /// Where to write the synthetic checkpoints.
+    /// Where to write the synthetic checkpoints: this path with `-1b` appended (or `-3b`,
+    /// `-3b-4-layers`, … for the other shapes).
     #[arg(long, default_value = "/tmp/gpu-check")]
     work_dir: PathBuf,
     /// Seed of the synthetic weights; each run draws a new one unless given.
@@ -129,13 +130,14 @@ pub fn run(args: Args) -> Result<()> {
         Some(dir) => (dir.clone(), dir.clone()),
         None if !needs_model => (args.work_dir.clone(), args.work_dir.clone()),
         None => {
-            let full = args.work_dir.join(&args.config);
+            let folder = |suffix: &str| PathBuf::from(format!("{}-{suffix}", args.work_dir.display()));
+            let full = folder(&args.config);
             let full_needed = check_layers.is_none() || (!args.sanitize_only && !args.no_agreement);
             let full_model = if full_needed { Some(synthetic_model(shape, None, &full, seed)?) } else { None };
             let model = match check_layers {
                 None => full.clone(),
                 Some(layers) => {
-                    let dir = args.work_dir.join(format!("{}-{layers}-layers", args.config));
+                    let dir = folder(&format!("{}-{layers}-layers", args.config));
                     synthetic_model(shape, Some(layers), &dir, seed)?
                 }
             };
@@ -312,7 +314,10 @@ fn synthetic_model(which: SynthConfig, layers: Option<usize>, dir: &Path, seed: 
     let depth = layers.map_or_else(String::new, |n| format!(", {n} layers"));
     println!("gpu-check: writing a synthetic {which:?} checkpoint (seed {seed}{depth}) into {}", dir.display());
     let start = Instant::now();
-    let summary = write_checkpoint_with(which, seed, dir, &SynthOptions { layers, ..Default::default() })?;
+    // A reduced checkpoint would fit in one file; shards of 1 GB make the --check runs read
+    // a sharded checkpoint too, as the full-depth 3B and 8B ones are.
+    let shard_bytes = layers.map(|_| 1_000_000_000);
+    let summary = write_checkpoint_with(which, seed, dir, &SynthOptions { layers, shard_bytes })?;
     println!("gpu-check: {} file(s) written in {:.1} s", summary.files, start.elapsed().as_secs_f64());
     Ok(dir.to_path_buf())
 }
