@@ -169,6 +169,11 @@ pub fn run(args: Args) -> Result<()> {
                 );
             }
         }
+        let (recompute, cached) = (bin_dir.join("ch07-mlp"), bin_dir.join("ch08-kv-cache"));
+        if chosen("08") && recompute.exists() && cached.exists() {
+            let tokenizer = args.tokenizer.as_deref();
+            rows.extend(kv_cache_agreement(&recompute, &cached, &model, tokenizer, &prompt)?);
+        }
         let engine = latest_generating_chapter(&bin_dir)?;
         let engine_chosen =
             |e: &PathBuf| e.file_name().and_then(|n| n.to_str()?.strip_prefix("ch")).is_some_and(chosen);
@@ -326,6 +331,57 @@ fn synthetic_model(which: SynthConfig, layers: Option<usize>, dir: &Path, seed: 
 fn latest_generating_chapter(bin_dir: &Path) -> Result<Option<PathBuf>> {
     let generating = paths::chapters()?.into_iter().filter(|(folder, _)| generates(folder));
     Ok(generating.map(|(folder, _)| bin_dir.join(paths::package_name(&folder))).rfind(|b| b.exists()))
+}
+
+/// Tokens generated per prompt when chapter 8's cached decode is compared with chapter 7.
+const KV_CACHE_AGREEMENT_TOKENS: usize = 64;
+
+/// Chapter 8's greedy tokens, decoded from the KV cache, against chapter 7's, recomputed
+/// from the whole sequence, on prompts that reach the budget, an end token, and the context
+/// limit: the same ids and the same reason to stop.
+fn kv_cache_agreement(
+    recompute: &Path,
+    cached: &Path,
+    model: &Path,
+    tokenizer: Option<&Path>,
+    prompt: &str,
+) -> Result<Vec<Row>> {
+    let near_the_limit = "The quick brown fox jumps over the lazy dog. ".repeat(200);
+    let prompts = [
+        (prompt.to_string(), "the drawn prompt"),
+        ("Tell me about it.".to_string(), "\"Tell me about it.\", which ends with <|eot_id|>"),
+        (near_the_limit, "a 2,011-token prompt, up to the context limit"),
+    ];
+    let mut rows = Vec::new();
+    for (text, label) in &prompts {
+        let run = |binary: &Path| -> Result<(Vec<u32>, String)> {
+            let mut command = Command::new(binary);
+            command.arg("--model").arg(model);
+            if let Some(tokenizer) = tokenizer {
+                command.arg("--tokenizer").arg(tokenizer);
+            }
+            let stdout = capture(command.arg(text).arg(KV_CACHE_AGREEMENT_TOKENS.to_string()))?;
+            let ids = stdout.lines().find_map(|line| line.strip_prefix("generated ids: ")).unwrap_or_default();
+            let stop = stdout.lines().find_map(|line| line.split_once("(stopped: ")).map(|(_, why)| why.to_string());
+            Ok((parse_ids(ids)?, stop.unwrap_or_default()))
+        };
+        let ((theirs, their_stop), (ours, our_stop)) = (run(recompute)?, run(cached)?);
+        let differing = ours.iter().zip(&theirs).filter(|(a, b)| a != b).count() + ours.len().abs_diff(theirs.len());
+        let same_stop = our_stop == their_stop;
+        rows.push(Row {
+            chapter: "ch08-kv-cache".into(),
+            what: format!("greedy ids vs chapter 7's (recomputing), {label}"),
+            measured: format!(
+                "{differing} of {} ids differ; stopped: {} {}",
+                theirs.len().max(ours.len()),
+                our_stop.trim_end_matches(')'),
+                if same_stop { "(same)" } else { "(chapter 7 differs)" }
+            ),
+            limit: "0, same stop".into(),
+            verdict: if differing == 0 && same_stop { "PASS" } else { "FAIL" }.into(),
+        });
+    }
+    Ok(rows)
 }
 
 /// Tokens generated per prompt, compared with the engine's.

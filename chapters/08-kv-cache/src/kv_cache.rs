@@ -1,0 +1,77 @@
+//! The KV cache: every layer's keys and values of every position processed so far.
+//!
+//! A position's key and value depend only on its token and on the positions before it
+//! (the causal mask), so once computed they never change. Chapter 7 recomputed them for the
+//! whole sequence at every step; here each is computed once, written into the cache, and
+//! read by every later step.
+//!
+//! Layout: for each layer, `capacity` rows of `kv_heads · head_dim` bf16 values, row p for
+//! position p, keys after RoPE. The rows of one layer are contiguous, so the projections
+//! write new rows in place and attention reads rows `0..len` as one matrix.
+
+use std::ops::Range;
+
+use anyhow::{Result, ensure};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use half::bf16;
+
+use crate::config::Config;
+use crate::gpu::Gpu;
+
+// ANCHOR: kv_cache
+/// One sequence's keys and values for every layer, allocated once for the whole context.
+pub struct KvCache {
+    /// Keys `[layers, capacity, kv_heads · head_dim]`, after RoPE.
+    pub k: CudaSlice<bf16>,
+    /// Values, in the same layout.
+    pub v: CudaSlice<bf16>,
+    /// Positions each layer has room for.
+    pub capacity: usize,
+    /// Positions written so far: rows `0..len` of every layer are valid.
+    pub len: usize,
+    /// Values per row: `kv_heads · head_dim`.
+    pub row_width: usize,
+}
+
+/// Bytes one position takes in every layer, keys and values: what each token of context
+/// costs. For Llama 3.2 1B, 16 layers × 2 × 8 KV heads × 64 × 2 bytes = 32 KiB.
+pub fn bytes_per_token(config: &Config) -> usize {
+    config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * std::mem::size_of::<bf16>()
+}
+
+impl KvCache {
+    pub fn new(gpu: &Gpu, config: &Config, capacity: usize) -> Result<Self> {
+        let row_width = config.num_key_value_heads * config.head_dim;
+        let values = config.num_hidden_layers * capacity * row_width;
+        Ok(KvCache { k: gpu.alloc_nan(values)?, v: gpu.alloc_nan(values)?, capacity, len: 0, row_width })
+    }
+
+    /// Bytes of GPU memory the cache holds, keys and values together.
+    pub fn bytes(&self) -> usize {
+        (self.k.len() + self.v.len()) * std::mem::size_of::<bf16>()
+    }
+
+    /// The elements of layer `layer`'s rows `rows`.
+    fn span(&self, layer: usize, rows: Range<usize>) -> Result<Range<usize>> {
+        ensure!(rows.end <= self.capacity, "position {} is past the cache's {} positions", rows.end, self.capacity);
+        let start = (layer * self.capacity + rows.start) * self.row_width;
+        Ok(start..start + rows.len() * self.row_width)
+    }
+
+    /// Layer `layer`'s keys and values at positions `rows`, to write.
+    pub fn rows_mut(
+        &mut self,
+        layer: usize,
+        rows: Range<usize>,
+    ) -> Result<(CudaViewMut<'_, bf16>, CudaViewMut<'_, bf16>)> {
+        let span = self.span(layer, rows)?;
+        Ok((self.k.slice_mut(span.clone()), self.v.slice_mut(span)))
+    }
+
+    /// Layer `layer`'s keys and values at positions `rows`, to read.
+    pub fn rows(&self, layer: usize, rows: Range<usize>) -> Result<(CudaView<'_, bf16>, CudaView<'_, bf16>)> {
+        let span = self.span(layer, rows)?;
+        Ok((self.k.slice(span.clone()), self.v.slice(span)))
+    }
+}
+// ANCHOR_END: kv_cache
