@@ -14,7 +14,7 @@
 // block, a *slot* of head_dim / 8 lanes holds one row: each lane loads 8 consecutive bf16
 // values (16 bytes, one 128-bit load). A warp holds 32 / (head_dim / 8) slots (4 for
 // head_dim 64, 2 for 128), and the slots walk the positions in turn: slot s takes
-// positions s, s + slots, s + 2·slots, …
+// positions s, s + slots, s + 2·slots, … (two at a time, to keep more loads in flight).
 //
 // Each slot keeps an *online softmax* per query head: the running maximum m of the scores
 // it has seen, the running sum l = Σ exp(s - m), and the running weighted sum
@@ -23,12 +23,13 @@
 //     l   ← l · exp(m - m') + exp(s' - m')
 //     acc ← acc · exp(m - m') + exp(s' - m') v'
 //
-// so no score is ever stored. At the end the slots' states are merged the same way (each
-// rescaled to the largest maximum), and out = acc / l.
+// so no score is ever stored. At the end the states are merged the same way, each rescaled
+// to the larger maximum: first the slots of a warp, by shuffles, then the warps, through
+// shared memory; and out = acc / l.
 //
-// Launch: gridDim.x = kv_heads, blockDim.x a multiple of 32; head_dim a multiple of 8 with
+// Launch: gridDim.x = kv_heads, blockDim.x a multiple of 32 up to THREADS; head_dim a multiple of 8 with
 // head_dim / 8 a power of two up to 32; group <= MAX_GROUP; dynamic shared memory of
-// slots · group · (head_dim + 2) floats (see ops::attention_decode).
+// warps · group · (head_dim + 2) floats (see ops::attention_decode).
 
 #include <cuda_bf16.h>
 #include <math_constants.h>  // CUDART_INF_F
@@ -47,8 +48,44 @@ __device__ inline void load_row_part(const __nv_bfloat16* source, float out[LANE
     }
 }
 
+// One softmax state's update with one more key: its score and its value row part.
+__device__ inline void online_softmax_step(float score, const float value[LANE_VALUES], float& m, float& l,
+                                           float acc[LANE_VALUES]) {
+    const float new_max = fmaxf(m, score);
+    const float rescale = __expf(m - new_max);  // 0 on the first key: m = -inf
+    const float weight = __expf(score - new_max);
+    l = l * rescale + weight;
+    for (int i = 0; i < LANE_VALUES; i++) acc[i] = acc[i] * rescale + weight * value[i];
+    m = new_max;
+}
+
+// Two softmax states merged into the first: both rescaled to the larger maximum.
+__device__ inline void merge_states(float& m, float& l, float acc[LANE_VALUES], float m2, float l2,
+                                    const float acc2[LANE_VALUES]) {
+    const float top = fmaxf(m, m2);
+    // A state that saw no key has m = -inf and weighs 0 (and two such states stay empty).
+    const float a = (m == -CUDART_INF_F) ? 0.0f : __expf(m - top);
+    const float b = (m2 == -CUDART_INF_F) ? 0.0f : __expf(m2 - top);
+    l = l * a + l2 * b;
+    for (int i = 0; i < LANE_VALUES; i++) acc[i] = acc[i] * a + acc2[i] * b;
+    m = top;
+}
+
+// The full dot product of a slot's row with one query: each lane's 8 products, summed over
+// the slot's lanes. They are consecutive and aligned, so XOR with offsets below
+// lanes_per_slot stays inside the slot and every lane ends with the whole sum.
+__device__ inline float slot_dot(const float query[LANE_VALUES], const float key[LANE_VALUES], int lanes_per_slot) {
+    float score = 0.0f;
+    for (int i = 0; i < LANE_VALUES; i++) score += query[i] * key[i];
+    for (int offset = lanes_per_slot / 2; offset > 0; offset /= 2) score += __shfl_xor_sync(0xffffffff, score, offset);
+    return score;
+}
+
 // ANCHOR: attention_decode
-extern "C" __global__ void attention_decode(
+// At most THREADS per block (ops::attention_decode launches exactly that many): the bound
+// lets the compiler budget registers so that a launch of that size always fits.
+#define THREADS 256
+extern "C" __global__ void __launch_bounds__(THREADS) attention_decode(
     const __nv_bfloat16* q,        // [q_heads * head_dim], the new token's queries after RoPE
     const __nv_bfloat16* k_cache,  // [positions, kv_heads * head_dim], keys after RoPE
     const __nv_bfloat16* v_cache,  // [positions, kv_heads * head_dim]
@@ -59,15 +96,17 @@ extern "C" __global__ void attention_decode(
     int group,                     // query heads per key/value head
     float scale)                   // 1 / sqrt(head_dim)
 {
-    extern __shared__ float merge[];  // per slot: group maxima, group sums, group × head_dim accumulators
+    extern __shared__ float merge[];  // per warp: group maxima, group sums, group × head_dim accumulators
     const int kv_head = blockIdx.x;
     const int lanes_per_slot = head_dim / LANE_VALUES;
     const int slots_per_warp = 32 / lanes_per_slot;
-    const int lane = threadIdx.x % 32;
-    const int slot = (threadIdx.x / 32) * slots_per_warp + lane / lanes_per_slot;
-    const int slots = (blockDim.x / 32) * slots_per_warp;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const int slot = warp * slots_per_warp + lane / lanes_per_slot;
+    const int slots = warps * slots_per_warp;
     const int part = (lane % lanes_per_slot) * LANE_VALUES;  // this lane's first element of a row
     const size_t row_stride = (size_t)kv_heads * head_dim;
+    const __nv_bfloat16* k_rows = k_cache + kv_head * head_dim + part;
+    const __nv_bfloat16* v_rows = v_cache + kv_head * head_dim + part;
 
     // This lane's 8 elements of each query of the group, with the 1/sqrt(head_dim) folded in.
     float query[MAX_GROUP][LANE_VALUES];
@@ -76,69 +115,75 @@ extern "C" __global__ void attention_decode(
     for (int h = 0; h < MAX_GROUP; h++) {
         m[h] = -CUDART_INF_F;
         l[h] = 0.0f;
-        for (int i = 0; i < LANE_VALUES; i++) {
-            acc[h][i] = 0.0f;
-            query[h][i] = 0.0f;
-        }
+        for (int i = 0; i < LANE_VALUES; i++) acc[h][i] = query[h][i] = 0.0f;
         if (h < group) {
             load_row_part(q + (size_t)(kv_head * group + h) * head_dim + part, query[h]);
             for (int i = 0; i < LANE_VALUES; i++) query[h][i] *= scale;
         }
     }
 
-    // The loop runs the same number of times in every lane of a warp, so that the shuffles
-    // below always have all 32 lanes: a slot past the end loads nothing and updates nothing.
-    for (int first = slot - lane / lanes_per_slot; first < length; first += slots) {
-        const int j = first + lane / lanes_per_slot;
-        const bool inside = j < length;
-        float key[LANE_VALUES] = {}, value[LANE_VALUES] = {};
-        if (inside) {
-            load_row_part(k_cache + j * row_stride + kv_head * head_dim + part, key);
-            load_row_part(v_cache + j * row_stride + kv_head * head_dim + part, value);
-        }
-#pragma unroll
-        for (int h = 0; h < MAX_GROUP; h++) {
-            if (h >= group) break;
-            float score = 0.0f;
-            for (int i = 0; i < LANE_VALUES; i++) score += query[h][i] * key[i];
-            // The slot's lanes are consecutive and aligned: XOR with offsets below
-            // lanes_per_slot stays inside the slot, so every lane ends with the full dot.
-            for (int offset = lanes_per_slot / 2; offset > 0; offset /= 2) {
-                score += __shfl_xor_sync(0xffffffff, score, offset);
+    // Each slot takes two rows per round (j and j + slots), both loaded before either is
+    // used, so that twice as many loads are in flight. The loop runs the same number of
+    // times in every lane of a warp, so the shuffles always have all 32 lanes; a row past
+    // the end is loaded as zeros and changes nothing.
+    for (int first = slot; first - lane / lanes_per_slot < length; first += 2 * slots) {
+        const int rows[2] = {first, first + slots};
+        float key[2][LANE_VALUES] = {}, value[2][LANE_VALUES] = {};
+        for (int r = 0; r < 2; r++) {
+            if (rows[r] < length) {
+                load_row_part(k_rows + rows[r] * row_stride, key[r]);
+                load_row_part(v_rows + rows[r] * row_stride, value[r]);
             }
-            if (!inside) continue;
-            const float new_max = fmaxf(m[h], score);
-            const float rescale = __expf(m[h] - new_max);  // 0 on the first key: m = -inf
-            const float weight = __expf(score - new_max);
-            l[h] = l[h] * rescale + weight;
-            for (int i = 0; i < LANE_VALUES; i++) acc[h][i] = acc[h][i] * rescale + weight * value[i];
-            m[h] = new_max;
+        }
+        for (int r = 0; r < 2; r++) {
+#pragma unroll
+            for (int h = 0; h < MAX_GROUP; h++) {
+                if (h >= group) break;
+                const float score = slot_dot(query[h], key[r], lanes_per_slot);
+                if (rows[r] < length) online_softmax_step(score, value[r], m[h], l[h], acc[h]);
+            }
         }
     }
 
-    // Every slot's state into shared memory, then one merge per (query head, element).
-    float* maxima = merge;                    // [slots][group]
-    float* sums = maxima + slots * group;     // [slots][group]
-    float* partial = sums + slots * group;    // [slots][group][head_dim]
+    // The warp's slots merged into its first slot, by shuffles: XOR with offsets from
+    // lanes_per_slot up pairs lane i of one slot with lane i of another.
 #pragma unroll
     for (int h = 0; h < MAX_GROUP; h++) {
         if (h >= group) break;
-        if (part == 0) {
-            maxima[slot * group + h] = m[h];
-            sums[slot * group + h] = l[h];
+        for (int offset = lanes_per_slot; offset < 32; offset *= 2) {
+            float other[LANE_VALUES];
+            for (int i = 0; i < LANE_VALUES; i++) other[i] = __shfl_xor_sync(0xffffffff, acc[h][i], offset);
+            const float m2 = __shfl_xor_sync(0xffffffff, m[h], offset);
+            const float l2 = __shfl_xor_sync(0xffffffff, l[h], offset);
+            merge_states(m[h], l[h], acc[h], m2, l2, other);
         }
-        for (int i = 0; i < LANE_VALUES; i++) partial[(slot * group + h) * head_dim + part + i] = acc[h][i];
+    }
+
+    // Every warp's state into shared memory, then one merge per (query head, element).
+    float* maxima = merge;                    // [warps][group]
+    float* sums = maxima + warps * group;     // [warps][group]
+    float* partial = sums + warps * group;    // [warps][group][head_dim]
+    if (lane < lanes_per_slot) {
+#pragma unroll
+        for (int h = 0; h < MAX_GROUP; h++) {
+            if (h >= group) break;
+            if (part == 0) {
+                maxima[warp * group + h] = m[h];
+                sums[warp * group + h] = l[h];
+            }
+            for (int i = 0; i < LANE_VALUES; i++) partial[(warp * group + h) * head_dim + part + i] = acc[h][i];
+        }
     }
     __syncthreads();
     for (int e = threadIdx.x; e < group * head_dim; e += blockDim.x) {
         const int h = e / head_dim, d = e % head_dim;
         float top = -CUDART_INF_F;
-        for (int s = 0; s < slots; s++) top = fmaxf(top, maxima[s * group + h]);
+        for (int w = 0; w < warps; w++) top = fmaxf(top, maxima[w * group + h]);
         float total = 0.0f, weighted = 0.0f;
-        for (int s = 0; s < slots; s++) {
-            const float rescale = __expf(maxima[s * group + h] - top);  // 0 for a slot that saw no key
-            total += sums[s * group + h] * rescale;
-            weighted += partial[(s * group + h) * head_dim + d] * rescale;
+        for (int w = 0; w < warps; w++) {
+            const float rescale = __expf(maxima[w * group + h] - top);  // 0 for a warp that saw no key
+            total += sums[w * group + h] * rescale;
+            weighted += partial[(w * group + h) * head_dim + d] * rescale;
         }
         out[(size_t)(kv_head * group + h) * head_dim + d] = __float2bfloat16(weighted / total);
     }

@@ -248,17 +248,17 @@ pub fn attention_prefill(
 /// Query heads per key/value head the decode kernel holds in registers (`MAX_GROUP` in
 /// attention_decode.cu). Llama 3's groups are 3 and 4.
 pub const DECODE_MAX_GROUP: usize = 8;
-/// Threads per decode-attention block: 8 warps.
+/// Threads per decode-attention block: 8 warps (`THREADS` in attention_decode.cu, which
+/// budgets its registers for that many).
 const DECODE_THREADS: usize = 256;
 /// A block may use 48 KiB of shared memory without asking for more.
 const SHARED_MEMORY_LIMIT: usize = 48 * 1024;
 
-/// The decode kernel's shared memory for this shape: every slot's softmax state (its
+/// The decode kernel's shared memory for this shape: every warp's softmax state (its
 /// maximum, its sum and its weighted values) for each query head of the group, to merge.
 fn decode_shared_bytes(config: &Config) -> usize {
     let group = config.num_attention_heads / config.num_key_value_heads;
-    let slots = DECODE_THREADS / 32 * (32 / (config.head_dim / 8));
-    slots * group * (config.head_dim + 2) * std::mem::size_of::<f32>()
+    DECODE_THREADS / 32 * group * (config.head_dim + 2) * std::mem::size_of::<f32>()
 }
 
 /// Refuses, before anything is loaded, a shape the decode kernel cannot run: rows are read
