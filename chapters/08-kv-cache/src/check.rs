@@ -332,7 +332,7 @@ pub fn check_against_reference(
 // ANCHOR: recompute
 /// Chapter 7's generation, kept as the oracle: the logits of every step computed by running
 /// the whole sequence so far from position 0 (a prefill of it). It runs on a cache of its
-/// own, so the decode's cache stays as generation left it.
+/// own, so that it never writes into the model's.
 fn recompute_step_logits(model: &mut Model, prompt: &[u32], generated: &[u32]) -> Result<Vec<Vec<f32>>> {
     let sequence = [prompt, generated].concat();
     let mut oracle_cache = KvCache::new(&model.gpu, &model.config, model.cache.capacity)?;
