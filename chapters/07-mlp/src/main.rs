@@ -163,7 +163,7 @@ fn run(cli: Cli) -> Result<()> {
     let mut model = Model::new(gpu, weights, config, context)?;
 
     println!();
-    println!("prompt  {} tokens in the chat format; up to {} new tokens", ids.len(), cli.max_new_tokens);
+    println!("prompt  {} tokens in the chat format; up to {} new tokens", ids.len(), cli.max_new_tokens.min(room));
     println!();
     let mut decoder = StreamDecoder::new(&tokenizer);
     let mut stdout = std::io::stdout();
