@@ -172,7 +172,7 @@ fn run(cli: Cli) -> Result<()> {
     let mut model = Model::new(gpu, weights, config, context)?;
     println!(
         "cache   {context} positions: {:.1} MiB of GPU memory, {} KiB per token",
-        cache_bytes as f64 / (1024.0 * 1024.0),
+        model.cache.bytes() as f64 / (1024.0 * 1024.0),
         kv_cache::bytes_per_token(&model.config) / 1024
     );
 
