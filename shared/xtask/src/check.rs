@@ -76,7 +76,7 @@ fn workspace_members_match_folders() -> Result<Vec<String>> {
         }
         folders.insert(dir.canonicalize()?);
     }
-    for shared in ["shared/reference", "shared/xtask"] {
+    for shared in ["shared/bench", "shared/reference", "shared/xtask"] {
         folders.insert(root.join(shared).canonicalize()?);
     }
     for missing in folders.difference(&members) {

@@ -315,7 +315,7 @@ fn time_seed() -> u64 {
 }
 
 /// Writes a synthetic checkpoint of `which`'s shape, with only `layers` layers when given.
-fn synthetic_model(which: SynthConfig, layers: Option<usize>, dir: &Path, seed: u64) -> Result<PathBuf> {
+pub fn synthetic_model(which: SynthConfig, layers: Option<usize>, dir: &Path, seed: u64) -> Result<PathBuf> {
     let depth = layers.map_or_else(String::new, |n| format!(", {n} layers"));
     println!("gpu-check: writing a synthetic {which:?} checkpoint (seed {seed}{depth}) into {}", dir.display());
     let start = Instant::now();
@@ -687,22 +687,28 @@ impl SanitizePlan<'_> {
 
 /// Where compute-sanitizer may be, in this order: each folder of `PATH`, `$CUDA_HOME/bin`,
 /// `/usr/local/cuda/bin`.
-fn sanitizer_candidates(path: Option<&OsStr>, cuda_home: Option<&OsStr>) -> Vec<PathBuf> {
+pub fn cuda_tool_candidates(tool: &str, path: Option<&OsStr>, cuda_home: Option<&OsStr>) -> Vec<PathBuf> {
     let mut candidates: Vec<PathBuf> = path
         .map(|path| std::env::split_paths(path).filter(|dir| !dir.as_os_str().is_empty()).collect())
         .unwrap_or_default();
     candidates.extend(cuda_home.filter(|home| !home.is_empty()).map(|home| Path::new(home).join("bin")));
     candidates.push(PathBuf::from("/usr/local/cuda/bin"));
-    candidates.into_iter().map(|dir| dir.join("compute-sanitizer")).collect()
+    candidates.into_iter().map(|dir| dir.join(tool)).collect()
 }
 
-/// The first of [`sanitizer_candidates`] that exists, with its version printed.
-fn find_sanitizer() -> Result<PathBuf> {
+/// The first of [`cuda_tool_candidates`] that exists: `PATH`, then `$CUDA_HOME/bin`, then
+/// `/usr/local/cuda/bin`.
+pub fn find_cuda_tool(tool: &str) -> Option<PathBuf> {
     let cuda_home = std::env::var_os("CUDA_HOME");
-    let candidates = sanitizer_candidates(std::env::var_os("PATH").as_deref(), cuda_home.as_deref());
-    let Some(sanitizer) = candidates.into_iter().find(|candidate| candidate.is_file()) else {
-        let home = match &cuda_home {
-            Some(home) => format!("CUDA_HOME is {}", Path::new(home).display()),
+    let candidates = cuda_tool_candidates(tool, std::env::var_os("PATH").as_deref(), cuda_home.as_deref());
+    candidates.into_iter().find(|candidate| candidate.is_file())
+}
+
+/// compute-sanitizer, found by [`find_cuda_tool`], with its version printed.
+fn find_sanitizer() -> Result<PathBuf> {
+    let Some(sanitizer) = find_cuda_tool("compute-sanitizer") else {
+        let home = match std::env::var_os("CUDA_HOME") {
+            Some(home) => format!("CUDA_HOME is {}", Path::new(&home).display()),
             None => "CUDA_HOME is not set".to_string(),
         };
         bail!(
@@ -1093,7 +1099,7 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use super::{Exit, Row, SANITIZE_NEW_TOKENS, SanitizeModels, SanitizePlan, SanitizerReport, Tool};
-    use super::{check_args, kernel_names, sanitizer_candidates, sanitizer_row};
+    use super::{check_args, cuda_tool_candidates, kernel_names, sanitizer_row};
 
     #[test]
     fn parses_check_lines() {
@@ -1227,13 +1233,14 @@ mod tests {
 
     #[test]
     fn sanitizer_is_looked_for_on_path_then_cuda_home_then_usr_local() {
-        let found = sanitizer_candidates(Some(OsStr::new("/a/bin::/b")), Some(OsStr::new("/opt/cuda")));
+        let found =
+            cuda_tool_candidates("compute-sanitizer", Some(OsStr::new("/a/bin::/b")), Some(OsStr::new("/opt/cuda")));
         let expected = ["/a/bin", "/b", "/opt/cuda/bin", "/usr/local/cuda/bin"]
             .map(|dir| PathBuf::from(dir).join("compute-sanitizer"))
             .to_vec();
         assert_eq!(found, expected);
         assert_eq!(
-            sanitizer_candidates(None, Some(OsStr::new(""))),
+            cuda_tool_candidates("compute-sanitizer", None, Some(OsStr::new(""))),
             vec![PathBuf::from("/usr/local/cuda/bin/compute-sanitizer")]
         );
     }

@@ -1,5 +1,7 @@
 //! `cargo x …`: the project's tooling. Nothing here is engine code.
 
+mod bench;
+mod bench_report;
 mod book;
 mod changes;
 mod check;
@@ -13,6 +15,7 @@ mod offline;
 mod pack;
 mod paths;
 mod propagate;
+mod svg;
 mod synth;
 mod test;
 
@@ -48,6 +51,8 @@ enum Command {
     Synth(synth::Args),
     /// Run every chapter's --check on a synthetic 1B checkpoint and print one table (needs a GPU).
     GpuCheck(gpu_check::Args),
+    /// Measure the chapters, transformers and the GPU's limits in one session; one table, JSON and plots (needs a GPU).
+    Bench(bench::Args),
     /// Build the book into book/book/ with the pinned mdBook and mdbook-katex (installed into .cache/ once).
     Book(book::Args),
     /// Build the release binaries and pack them, the tokenizer and the commit for a GPU machine.
@@ -71,6 +76,7 @@ fn main() -> ExitCode {
         Command::FetchTokenizer(args) => fetch_tokenizer::run(args),
         Command::Synth(args) => synth::run(args),
         Command::GpuCheck(args) => gpu_check::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Book(args) => book::run(args),
         Command::Pack => pack::run(),
         Command::BookDedent { args } => dedent::run(&args),

@@ -34,7 +34,7 @@ pub fn run() -> Result<()> {
         std::fs::remove_dir_all(&staging)?;
     }
     std::fs::create_dir_all(staging.join("bin"))?;
-    let mut binaries = vec!["xtask".to_string()];
+    let mut binaries = vec!["xtask".to_string(), "bench".to_string()];
     binaries.extend(paths::chapters()?.iter().map(|(folder, _)| paths::package_name(folder)));
     for name in &binaries {
         let built = root.join("target/release").join(name);

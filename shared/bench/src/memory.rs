@@ -1,0 +1,32 @@
+//! Peak GPU memory: how much of the device's free memory a run took, sampled after each
+//! phase. Our chapters allocate everything up front and free nothing until they end, so the
+//! last sample is the peak; the samples show where it grew.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use cudarc::driver::CudaContext;
+
+pub struct MemoryWatch {
+    ctx: Arc<CudaContext>,
+    /// Free bytes before the run allocated anything (the context itself excluded).
+    baseline_free: usize,
+    lowest_free: usize,
+}
+
+impl MemoryWatch {
+    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
+        let (free, _) = ctx.mem_get_info()?;
+        Ok(MemoryWatch { ctx: ctx.clone(), baseline_free: free, lowest_free: free })
+    }
+
+    pub fn sample(&mut self) -> Result<()> {
+        let (free, _) = self.ctx.mem_get_info()?;
+        self.lowest_free = self.lowest_free.min(free);
+        Ok(())
+    }
+
+    pub fn peak_bytes(&self) -> usize {
+        self.baseline_free - self.lowest_free
+    }
+}
