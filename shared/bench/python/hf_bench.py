@@ -170,6 +170,7 @@ def measure_generate(args, model, workloads, part, memory):
     part.derived("decode_step_ms", "ms", step, f"{what}: (generate {new} - generate 1) / {new - 1}, medians")
     part.derived("decode_tokens_per_s", "tokens/s", 1e3 / step, "1 / decode_step_ms")
     part.push("ttft_ms", "ms", first, f"{what}: generate(max_new_tokens=1)")
+    part.push("single_generate_ms", "ms", whole, f"{what}: the whole generate() call")
 
     prefill = workloads["prefill"]["prompt"]
     times = repeat(args.runs, lambda: timed(args.device, lambda: run([prefill], 1)) * 1e3)
@@ -184,8 +185,9 @@ def measure_generate(args, model, workloads, part, memory):
             prompts = [r["prompt"] for r in requests]
             budget = max(r["new_tokens"] for r in requests)
             generated = sum(r["new_tokens"] for r in requests)
-            # Warm-up: eager needs little; a static cache is compiled for one length, the full one.
-            run(prompts, budget if args.mode == "compiled" else min(budget, 4))
+            # A full warm-up: a shorter one leaves the first timed run several times slower
+            # (memory for the longer cache; in compiled mode, a compilation for its length).
+            run(prompts, budget)
             rates = [generated / timed(args.device, lambda: run(prompts, budget)) for _ in range(args.runs)]
             memory.sample()
             if len({len(p) for p in prompts}) == 1 and len({r["new_tokens"] for r in requests}) == 1:

@@ -241,6 +241,15 @@ fn format_value(value: f64) -> String {
     }
 }
 
+/// A system's name in a plot's legend: transformers' line joins its faster mode at each point.
+fn display_name(system: &str) -> String {
+    if system == "transformers" { "transformers (faster mode)".into() } else { system.into() }
+}
+
+fn short_mode(mode: &str) -> &str {
+    if mode.starts_with("static cache") { "compiled" } else { mode }
+}
+
 /// Short names of transformers' modes, for the table's cells.
 fn mode_mark(mode: &str) -> &'static str {
     if mode.starts_with("static cache") {
@@ -471,7 +480,7 @@ pub fn plot(report: &Report, dir: &Path) -> Result<()> {
             }
         }
         if !points.is_empty() {
-            series.push(svg::Series { name: system.clone(), points });
+            series.push(svg::Series { name: display_name(system), points });
         }
     }
     let subtitle =
@@ -488,7 +497,11 @@ pub fn plot(report: &Report, dir: &Path) -> Result<()> {
     let mut bars = Vec::new();
     for system in systems.iter().filter(|s| *s != "ceilings") {
         if let Some(c) = cell(report, system, "decode_step_ms", Better::Lower) {
-            bars.push((system.clone(), c.value));
+            let name = match c.mode.as_deref() {
+                Some(mode) if system == "transformers" => format!("transformers, {}", short_mode(mode)),
+                _ => system.clone(),
+            };
+            bars.push((name, c.value));
         }
     }
     let floor = limit(report, "decode_step_ms");

@@ -35,10 +35,10 @@ pub struct BarChart<'a> {
     pub reference: Option<(String, f64)>,
 }
 
-fn header(out: &mut String, title: &str, subtitle: &str) {
+fn header(out: &mut String, height: f64, title: &str, subtitle: &str) {
     let _ = writeln!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(out, r#"<text x="{LEFT}" y="24" font-size="16" font-weight="bold">{}</text>"#, escape(title));
@@ -85,7 +85,7 @@ fn label(value: f64) -> String {
 
 pub fn line_chart(chart: &LineChart) -> String {
     let mut out = String::new();
-    header(&mut out, chart.title, chart.subtitle);
+    header(&mut out, HEIGHT, chart.title, chart.subtitle);
     let points = || chart.series.iter().flat_map(|s| s.points.iter());
     let (x_low, x_high) = log_range(points().map(|p| p.0));
     let (y_low, y_high) = log_range(points().map(|p| p.1));
@@ -167,14 +167,14 @@ fn axes(out: &mut String, plot_w: f64, plot_h: f64, x_label: &str, y_label: &str
 
 pub fn bar_chart(chart: &BarChart) -> String {
     let mut out = String::new();
-    header(&mut out, chart.title, chart.subtitle);
-    let label_width = 150.0;
-    let left = LEFT + label_width - 60.0;
-    let plot_w = WIDTH - left - 40.0;
+    let bar_h = 28.0;
+    let bars_bottom = TOP + 10.0 + chart.bars.len() as f64 * (bar_h + 14.0);
+    header(&mut out, bars_bottom + 40.0, chart.title, chart.subtitle);
+    let left = LEFT + 150.0;
+    let plot_w = WIDTH - left - 90.0;
     let largest =
         chart.bars.iter().map(|b| b.1).chain(chart.reference.iter().map(|r| r.1)).fold(0.0f64, f64::max).max(1e-9);
-    let scale = |v: f64| plot_w * v / (largest * 1.15);
-    let bar_h = 28.0;
+    let scale = |v: f64| plot_w * v / largest;
     for (i, (name, value)) in chart.bars.iter().enumerate() {
         let top = TOP + 10.0 + i as f64 * (bar_h + 14.0);
         let color = COLORS[i % COLORS.len()];
@@ -191,7 +191,7 @@ pub fn bar_chart(chart: &BarChart) -> String {
             escape(chart.unit)
         );
     }
-    let bottom = TOP + 10.0 + chart.bars.len() as f64 * (bar_h + 14.0);
+    let bottom = bars_bottom;
     if let Some((name, value)) = &chart.reference {
         let at = left + scale(*value);
         let _ = writeln!(
