@@ -15,7 +15,8 @@
 //!
 //! Then the report (also alone, `--report DIR`) merges the files into `bench.json` with the
 //! GPU, driver, commit, date and seed, prints the table and writes it as `bench.md`, and
-//! draws the plots (also alone, `--plot FILE`). A part that cannot run (no ncu, no torch)
+//! draws the plots `bench-throughput.svg` and `bench-decode-step.svg` (the table and the
+//! plots of any report: `--plot FILE`, beside it). A part that cannot run (no ncu, no torch)
 //! is left out with a note; our own parts failing fails the run.
 
 use std::path::{Path, PathBuf};
@@ -85,14 +86,14 @@ pub struct Args {
     /// Only merge the parts already in DIR into a report (no GPU needed).
     #[arg(long, value_name = "DIR", conflicts_with = "plot")]
     report: Option<PathBuf>,
-    /// Only draw the plots of a report (bench.json) into SVG files beside it.
+    /// Only write the table (NAME.md) and the plots (NAME-*.svg) of a report NAME.json beside it.
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<()> {
     if let Some(file) = &args.plot {
-        return bench_report::plot(&bench_report::read(file)?, file.parent().unwrap_or(Path::new(".")));
+        return bench_report::write_outputs(&bench_report::read(file)?, file);
     }
     if let Some(dir) = &args.report {
         return bench_report::report(dir);

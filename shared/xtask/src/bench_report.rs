@@ -1,5 +1,5 @@
 //! The bench's report: the parts' JSON files merged into `bench.json`, one table of every
-//! figure by system (printed, and written as `bench.md` for the book), and the plots.
+//! figure by system (printed, and written as `bench.md` for the book), and two SVG plots.
 //!
 //! Each part file holds one system's measurements in the shape `shared/bench/src/record.rs`
 //! describes; transformers' two modes are two parts, and for each figure the table shows
@@ -93,7 +93,8 @@ pub fn read(file: &Path) -> Result<Report> {
     serde_json::from_str(&text).with_context(|| format!("{} is not a bench report", file.display()))
 }
 
-/// Merges the parts in `dir` into `bench.json` and `bench.md`, prints the table, draws the plots.
+/// Merges the parts in `dir` into `bench.json`, prints the table, and writes it and the
+/// plots beside it (see [`outputs`]).
 pub fn report(dir: &Path) -> Result<()> {
     let meta: Meta = serde_json::from_str(
         &std::fs::read_to_string(dir.join("meta.json"))
@@ -121,13 +122,12 @@ pub fn report(dir: &Path) -> Result<()> {
         .find_map(|p: &Part| p.environment.get("gpu")?.as_str().map(str::to_string))
         .unwrap_or_else(|| "unknown GPU".into());
     let report = Report { meta, gpu, parts, profiles };
-    std::fs::write(dir.join("bench.json"), serde_json::to_string_pretty(&report)? + "\n")?;
-    let markdown = markdown(&report);
-    std::fs::write(dir.join("bench.md"), &markdown)?;
+    let json = dir.join("bench.json");
+    std::fs::write(&json, serde_json::to_string_pretty(&report)? + "\n")?;
     println!();
-    println!("{markdown}");
-    plot(&report, dir)?;
-    println!("bench: report in {}", dir.join("bench.json").display());
+    println!("{}", markdown(&report));
+    write_outputs(&report, &json)?;
+    println!("bench: report in {}", json.display());
     Ok(())
 }
 
@@ -464,12 +464,36 @@ fn split_csv(line: &str) -> Vec<String> {
     fields
 }
 
-/// The two plots, as SVG files in `dir`: tokens/s against concurrency, and the batch-1
-/// decode step of each system against the floor.
-pub fn plot(report: &Report, dir: &Path) -> Result<()> {
-    let systems = columns(report);
+/// What a report turns into beside its JSON file `NAME.json`: the table `NAME.md` and the
+/// two plots `NAME-throughput.svg` (tokens/s against concurrency) and
+/// `NAME-decode-step.svg` (the batch-1 decode step of each system against the floor).
+pub fn outputs(report: &Report) -> Vec<(&'static str, String)> {
+    vec![
+        (".md", markdown(report)),
+        ("-throughput.svg", throughput_plot(report)),
+        ("-decode-step.svg", step_plot(report)),
+    ]
+}
+
+/// Writes [`outputs`] beside `json`.
+pub fn write_outputs(report: &Report, json: &Path) -> Result<()> {
+    let stem = json.file_stem().context("the report's file has no name")?.to_string_lossy().into_owned();
+    let dir = json.parent().unwrap_or(Path::new("."));
+    for (suffix, text) in outputs(report) {
+        let path = dir.join(format!("{stem}{suffix}"));
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("bench: wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn subtitle(report: &Report) -> String {
+    format!("{} · {} · {}", report.gpu, report.meta.model, &report.meta.date[..10.min(report.meta.date.len())])
+}
+
+fn throughput_plot(report: &Report) -> String {
     let mut series = Vec::new();
-    for system in systems.iter().filter(|s| s.starts_with("ch") || *s == "transformers") {
+    for system in columns(report).iter().filter(|s| s.starts_with("ch") || *s == "transformers") {
         let mut points = Vec::new();
         if let Some(c) = cell(report, system, "decode_tokens_per_s", Better::Higher) {
             points.push((1.0, c.value));
@@ -483,19 +507,18 @@ pub fn plot(report: &Report, dir: &Path) -> Result<()> {
             series.push(svg::Series { name: display_name(system), points });
         }
     }
-    let subtitle =
-        format!("{} · {} · {}", report.gpu, report.meta.model, &report.meta.date[..10.min(report.meta.date.len())]);
-    let throughput = svg::line_chart(&svg::LineChart {
+    svg::line_chart(&svg::LineChart {
         title: "Generated tokens per second against concurrent requests",
-        subtitle: &subtitle,
+        subtitle: &subtitle(report),
         x_label: "concurrent requests (1 = single-sequence decode)",
         y_label: "tokens/s",
         series,
-    });
-    std::fs::write(dir.join("throughput.svg"), throughput)?;
+    })
+}
 
+fn step_plot(report: &Report) -> String {
     let mut bars = Vec::new();
-    for system in systems.iter().filter(|s| *s != "ceilings") {
+    for system in columns(report).iter().filter(|s| *s != "ceilings") {
         if let Some(c) = cell(report, system, "decode_step_ms", Better::Lower) {
             let name = match c.mode.as_deref() {
                 Some(mode) if system == "transformers" => format!("transformers, {}", short_mode(mode)),
@@ -505,16 +528,13 @@ pub fn plot(report: &Report, dir: &Path) -> Result<()> {
         }
     }
     let floor = limit(report, "decode_step_ms");
-    let steps = svg::bar_chart(&svg::BarChart {
+    svg::bar_chart(&svg::BarChart {
         title: "One decode step at batch 1, against the floor",
-        subtitle: &subtitle,
+        subtitle: &subtitle(report),
         unit: "ms",
         bars,
         reference: floor.map(|f| ("floor: every weight read once".to_string(), f)),
-    });
-    std::fs::write(dir.join("decode-step.svg"), steps)?;
-    println!("bench: plots in {} and {}", dir.join("throughput.svg").display(), dir.join("decode-step.svg").display());
-    Ok(())
+    })
 }
 
 /// The current time in UTC, `2026-12-01T17:03:00Z`, from the system clock.
@@ -646,16 +666,41 @@ mod tests {
     }
 
     #[test]
-    fn plots_are_written_for_the_report() {
+    fn outputs_are_written_beside_the_report() {
         let dir = tempfile::tempdir().unwrap();
-        plot(&sample(), dir.path()).unwrap();
-        let throughput = std::fs::read_to_string(dir.path().join("throughput.svg")).unwrap();
-        assert!(
-            throughput.starts_with("<svg")
-                && throughput.contains("ch08-kv-cache")
-                && throughput.contains("transformers")
-        );
-        let steps = std::fs::read_to_string(dir.path().join("decode-step.svg")).unwrap();
-        assert!(steps.contains("floor: every weight read once"));
+        write_outputs(&sample(), &dir.path().join("run.json")).unwrap();
+        let throughput = std::fs::read_to_string(dir.path().join("run-throughput.svg")).unwrap();
+        assert!(throughput.starts_with("<svg") && throughput.contains("ch08-kv-cache"));
+        assert!(throughput.contains("transformers (faster mode)"));
+        let steps = std::fs::read_to_string(dir.path().join("run-decode-step.svg")).unwrap();
+        assert!(steps.contains("floor: every weight read once") && steps.contains("transformers, compiled"));
+        assert!(std::fs::read_to_string(dir.path().join("run.md")).unwrap().contains("| decode step, batch 1 (ms) |"));
+    }
+
+    /// The book shows the committed runs' tables and plots: they must be what their JSON gives.
+    #[test]
+    fn the_books_tables_and_plots_match_their_runs() {
+        let perf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../book/src/perf");
+        let mut runs = 0;
+        for entry in std::fs::read_dir(&perf).unwrap() {
+            let json = entry.unwrap().path();
+            if json.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            runs += 1;
+            let stem = json.file_stem().unwrap().to_string_lossy().into_owned();
+            for (suffix, text) in outputs(&read(&json).unwrap()) {
+                let committed = std::fs::read_to_string(perf.join(format!("{stem}{suffix}"))).unwrap_or_default();
+                assert!(committed == text, "book/src/perf/{stem}{suffix} is stale: cargo x bench --plot {}", json.display());
+            }
+        }
+        assert!(runs > 0, "no runs in {}", perf.display());
+    }
+
+    #[test]
+    fn a_folder_without_a_run_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = report(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("no meta.json in"), "{error}");
     }
 }
