@@ -691,7 +691,11 @@ mod tests {
             let stem = json.file_stem().unwrap().to_string_lossy().into_owned();
             for (suffix, text) in outputs(&read(&json).unwrap()) {
                 let committed = std::fs::read_to_string(perf.join(format!("{stem}{suffix}"))).unwrap_or_default();
-                assert!(committed == text, "book/src/perf/{stem}{suffix} is stale: cargo x bench --plot {}", json.display());
+                assert!(
+                    committed == text,
+                    "book/src/perf/{stem}{suffix} is stale: cargo x bench --plot {}",
+                    json.display()
+                );
             }
         }
         assert!(runs > 0, "no runs in {}", perf.display());
