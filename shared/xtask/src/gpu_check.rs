@@ -160,6 +160,12 @@ pub fn run(args: Args) -> Result<()> {
             }
             let tokenizer = args.tokenizer.as_deref();
             rows.extend(run_chapter(&name, &binary, &check_args(folder, &model, tokenizer, &prompt, None))?);
+            if batches(folder) {
+                let mut args = check_args(folder, &model, tokenizer, &prompt, None);
+                args.push("--static".into());
+                let checked = run_chapter(&name, &binary, &args)?;
+                rows.extend(checked.into_iter().map(|row| Row { what: format!("{} [static]", row.what), ..row }));
+            }
             // Attention must handle the whole context: chapter 6 is checked on a ~2,000-token prompt too.
             if folder.starts_with("06") {
                 let long_prompt = "The quick brown fox jumps over the lazy dog. ".repeat(200);
@@ -173,6 +179,18 @@ pub fn run(args: Args) -> Result<()> {
         if chosen("08") && recompute.exists() && cached.exists() {
             let tokenizer = args.tokenizer.as_deref();
             rows.extend(kv_cache_agreement(&recompute, &cached, &model, tokenizer, &prompt)?);
+        }
+        let batched = bin_dir.join("ch09-batching");
+        if chosen("09") && cached.exists() && batched.exists() {
+            let workload = batching_workload(seed);
+            rows.extend(batching_agreement(
+                &cached,
+                &batched,
+                &model,
+                args.tokenizer.as_deref(),
+                &workload,
+                &args.work_dir,
+            )?);
         }
         let engine = latest_generating_chapter(&bin_dir)?;
         let engine_chosen =
@@ -258,7 +276,11 @@ fn check_args(
             args.extend(["--tokenizer".into(), tokenizer.display().to_string()]);
         }
         args.push(prompt.to_string());
-        if let Some(tokens) = max_new_tokens.filter(|_| generates(folder)) {
+        if batches(folder) {
+            args.push(max_new_tokens.unwrap_or(BATCH_CHECK_TOKENS).to_string());
+            args.extend(BATCH_CHECK_PROMPTS.map(String::from));
+            args.extend(["--max-batch".into(), "2".into()]);
+        } else if let Some(tokens) = max_new_tokens.filter(|_| generates(folder)) {
             args.push(tokens.to_string());
         }
     }
@@ -268,6 +290,23 @@ fn check_args(
 /// Whether a chapter's binary generates text (chapter 7 on), and so takes `MAX_NEW_TOKENS`.
 fn generates(folder: &str) -> bool {
     folder >= "07"
+}
+
+/// Whether a chapter's binary serves several requests at once (chapter 9 on).
+fn batches(folder: &str) -> bool {
+    folder >= "09"
+}
+
+/// From chapter 9 on, `--check` runs four requests in two slots, so that batches form,
+/// slots are refilled, and the last request (which the check samples with the first)
+/// runs beside the others' ends.
+const BATCH_CHECK_PROMPTS: [&str; 3] = ["Say hello.", "Tell me about it.", "Write a haiku about Rust and GPUs."];
+const BATCH_CHECK_TOKENS: usize = 64;
+
+/// The ids a generating chapter printed for its first (or only) request.
+fn first_generated_ids(stdout: &str) -> &str {
+    let prefixes = ["generated ids: ", "request 0 ids: "];
+    stdout.lines().find_map(|line| prefixes.iter().find_map(|p| line.strip_prefix(p))).unwrap_or_default()
 }
 
 /// A prompt of a few words drawn with `seed`, so each run checks different tokens.
@@ -384,6 +423,133 @@ fn kv_cache_agreement(
     Ok(rows)
 }
 
+/// One request of the batching workload.
+#[derive(Debug, Clone, PartialEq)]
+struct BatchRequest {
+    prompt: String,
+    max_new_tokens: usize,
+    system: Option<String>,
+}
+
+/// Requests in the batching agreement, and the slots they share: more requests than slots.
+const BATCHING_REQUESTS: usize = 24;
+const BATCHING_SLOTS: usize = 8;
+const _: () = assert!(BATCHING_REQUESTS > BATCHING_SLOTS, "the workload must queue for slots");
+
+/// A mixed workload drawn with `seed`: prompts from the shortest the chat format allows
+/// (a word, 11 tokens) to about 1,500 tokens, budgets from 1 to 300, some requests that end
+/// at an end token, one with a system prompt.
+fn batching_workload(seed: u64) -> Vec<BatchRequest> {
+    let mut state = seed.wrapping_mul(0x2545_F491_4F6C_DD1D) | 1;
+    let mut next = move |bound: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % bound as u64) as usize
+    };
+    (0..BATCHING_REQUESTS)
+        .map(|i| {
+            let words = match i % 4 {
+                0 => 1,
+                1 => 1 + next(40),
+                2 => 40 + next(300),
+                _ => 300 + next(1100),
+            };
+            let phrase = random_prompt(seed + i as u64);
+            let prompt = match i {
+                // The synthetic model answers these with an end token within a few tokens.
+                3 | 11 => "Tell me about it.".to_string(),
+                _ => phrase.split(' ').cycle().take(words).collect::<Vec<_>>().join(" "),
+            };
+            let max_new_tokens = if i == 1 { 1 } else { 1 + next(300) };
+            let system = (i == 5).then(|| "Answer in one sentence.".to_string());
+            BatchRequest { prompt, max_new_tokens, system }
+        })
+        .collect()
+}
+
+/// Every request's greedy ids from chapter 9, batched (`BATCHING_SLOTS` slots, in both
+/// policies), against chapter 8's for that request alone: the same ids, request by request.
+fn batching_agreement(
+    alone: &Path,
+    batched: &Path,
+    model: &Path,
+    tokenizer: Option<&Path>,
+    workload: &[BatchRequest],
+    work_dir: &Path,
+) -> Result<Vec<Row>> {
+    let tokenizer_args: Vec<String> =
+        tokenizer.map(|t| vec!["--tokenizer".to_string(), t.display().to_string()]).unwrap_or_default();
+    println!("gpu-check: chapter 8 on each of {} requests alone", workload.len());
+    let mut expected = Vec::new();
+    for request in workload {
+        let mut command = Command::new(alone);
+        command.arg("--model").arg(model).args(&tokenizer_args);
+        if let Some(system) = &request.system {
+            command.args(["--system", system]);
+        }
+        let stdout = capture(command.arg(&request.prompt).arg(request.max_new_tokens.to_string()))?;
+        expected.push(parse_ids(first_generated_ids(&stdout))?);
+    }
+    std::fs::create_dir_all(work_dir)?;
+    let file = work_dir.join("batching-workload.jsonl");
+    let lines: Vec<String> = workload
+        .iter()
+        .map(|r| {
+            let mut line = serde_json::json!({"prompt": r.prompt, "max_new_tokens": r.max_new_tokens});
+            if let Some(system) = &r.system {
+                line["system"] = serde_json::json!(system);
+            }
+            line.to_string()
+        })
+        .collect();
+    std::fs::write(&file, lines.join("\n") + "\n")?;
+    let lengths: Vec<usize> = workload.iter().map(|r| r.prompt.split(' ').count()).collect();
+    let budgets: Vec<usize> = workload.iter().map(|r| r.max_new_tokens).collect();
+    let describe = format!(
+        "{} requests of {}-{} words and budgets {}-{}, {BATCHING_SLOTS} slots",
+        workload.len(),
+        lengths.iter().min().unwrap_or(&0),
+        lengths.iter().max().unwrap_or(&0),
+        budgets.iter().min().unwrap_or(&0),
+        budgets.iter().max().unwrap_or(&0)
+    );
+    let mut rows = Vec::new();
+    for policy in ["--continuous", "--static"] {
+        let mut command = Command::new(batched);
+        command.arg("--model").arg(model).args(&tokenizer_args).arg(policy);
+        command.args(["--max-batch", &BATCHING_SLOTS.to_string(), "--prompts-file"]).arg(&file);
+        let stdout = capture(&mut command)?;
+        let mut got: Vec<Option<Vec<u32>>> = vec![None; workload.len()];
+        for line in stdout.lines() {
+            let Some((request, ids)) = line.strip_prefix("request ").and_then(|rest| rest.split_once(" ids: ")) else {
+                continue;
+            };
+            let index: usize = request.parse().with_context(|| format!("bad request number in {line:?}"))?;
+            ensure!(index < got.len() && got[index].is_none(), "request {index} was answered twice or is unknown");
+            got[index] = Some(parse_ids(ids)?);
+        }
+        let differing: Vec<usize> = (0..workload.len()).filter(|&i| got[i].as_ref() != Some(&expected[i])).collect();
+        let end_tokens = expected.iter().filter(|ids| ids.last().is_some_and(|&id| id >= 128_000)).count();
+        let first = differing.first().map_or(String::new(), |&i| {
+            let ours = got[i].as_ref().map_or(0, |ids| ids.len());
+            format!(" (first: request {i}, {ours} ids batched, {} alone)", expected[i].len())
+        });
+        rows.push(Row {
+            chapter: "ch09-batching".into(),
+            what: format!("greedy ids of every request vs chapter 8's alone, {}: {describe}", &policy[2..]),
+            measured: format!(
+                "{} of {} requests differ{first}; {end_tokens} stopped at an end token",
+                differing.len(),
+                workload.len()
+            ),
+            limit: "0".into(),
+            verdict: if differing.is_empty() && end_tokens > 0 { "PASS" } else { "FAIL" }.into(),
+        });
+    }
+    Ok(rows)
+}
+
 /// Tokens generated per prompt, compared with the engine's.
 const AGREEMENT_TOKENS: usize = 32;
 
@@ -419,8 +585,7 @@ fn transformers_agreement(
                 .arg(prompt)
                 .arg(AGREEMENT_TOKENS.to_string()),
         )?;
-        let generated = run.lines().find_map(|line| line.strip_prefix("generated ids: ")).unwrap_or_default();
-        ours.push(parse_ids(generated)?);
+        ours.push(parse_ids(first_generated_ids(&run))?);
     }
     let script = paths::root()?.join("shared/reference/python/hf_greedy.py");
     let mut python = Command::new("python3");
@@ -539,7 +704,7 @@ fn drift_ratios(engine: &Path, dir: &Path, tokenizer: Option<&Path>) -> Result<V
         let checked = run_chapter(&name, engine, &args)?;
         let ours = checked
             .iter()
-            .find(|r| r.what.starts_with("logits of the prompt's last position"))
+            .find(|r| r.what.contains("logits of the prompt's last position"))
             .and_then(Row::relative_error);
         rows.extend(checked.into_iter().map(|row| Row { what: format!("{} [{}]", row.what, model.name()), ..row }));
         let script = paths::root()?.join("shared/reference/python/hf_bf16_drift.py");
@@ -1098,8 +1263,11 @@ mod tests {
     use std::ffi::OsStr;
     use std::path::{Path, PathBuf};
 
+    use super::{
+        BATCH_CHECK_PROMPTS, BATCHING_REQUESTS, batching_workload, check_args, cuda_tool_candidates,
+        first_generated_ids, kernel_names, sanitizer_row,
+    };
     use super::{Exit, Row, SANITIZE_NEW_TOKENS, SanitizeModels, SanitizePlan, SanitizerReport, Tool};
-    use super::{check_args, cuda_tool_candidates, kernel_names, sanitizer_row};
 
     #[test]
     fn parses_check_lines() {
@@ -1151,6 +1319,32 @@ mod tests {
         assert_eq!(check_args("07-mlp", model, None, "hi", None), strings(&["--model", "/m", "--check", "hi"]));
         assert_eq!(check_args("07-mlp", model, None, "hi", Some(4)), strings(&["--model", "/m", "--check", "hi", "4"]));
         assert_eq!(check_args("08-kv-cache", model, None, "hi", Some(2)).last().map(String::as_str), Some("2"));
+        // Chapter 9 serves several requests in fewer slots.
+        let batched = check_args("09-batching", model, None, "hi", None);
+        assert_eq!(&batched[3..5], &strings(&["hi", "64"])[..]);
+        assert_eq!(batched.len(), 5 + BATCH_CHECK_PROMPTS.len() + 2);
+        assert_eq!(&batched[batched.len() - 2..], &strings(&["--max-batch", "2"])[..]);
+    }
+
+    #[test]
+    fn the_batching_workload_is_mixed() {
+        let workload = batching_workload(7);
+        assert_eq!(workload.len(), BATCHING_REQUESTS);
+        let words: Vec<usize> = workload.iter().map(|r| r.prompt.split(' ').count()).collect();
+        assert_eq!(*words.iter().min().unwrap(), 1);
+        assert!(*words.iter().max().unwrap() >= 300);
+        assert!(workload.iter().all(|r| (1..=300).contains(&r.max_new_tokens)));
+        assert!(workload.iter().any(|r| r.max_new_tokens == 1));
+        assert!(workload.iter().any(|r| r.system.is_some()));
+        assert_eq!(workload.iter().filter(|r| r.prompt == "Tell me about it.").count(), 2);
+        assert_eq!(batching_workload(7), workload, "the same seed, the same workload");
+    }
+
+    #[test]
+    fn generated_ids_are_found_for_one_request_or_many() {
+        assert_eq!(first_generated_ids("x\ngenerated ids: 1 2\n"), "1 2");
+        assert_eq!(first_generated_ids("request 0 ids: 3 4\nrequest 1 ids: 5\n"), "3 4");
+        assert_eq!(first_generated_ids("nothing"), "");
     }
 
     #[test]
