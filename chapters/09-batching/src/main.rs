@@ -77,6 +77,10 @@ struct Cli {
     /// Print only the summary, not each response.
     #[arg(long)]
     quiet: bool,
+    /// Write which request held which slot over which decode steps to FILE, as JSON (`cargo x
+    /// bench --timeline FILE` draws it).
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
     /// The first user's prompt.
     #[arg(required_unless_present_any = ["header", "prompts_file"])]
     prompt: Option<String>,
@@ -216,6 +220,9 @@ fn run(cli: Cli) -> Result<()> {
         Ok(())
     })?;
     summary.print(slots);
+    if let Some(file) = &cli.timeline {
+        write_timeline(file, policy, slots, &summary)?;
+    }
     if cli.check {
         kept.sort_by_key(|r| r.request);
         let checked: Vec<(&[u32], &Response)> =
@@ -266,6 +273,21 @@ fn encode_requests(tokenizer: &Tokenizer, texts: &[RequestText], cli: &Cli, cont
     Ok(requests)
 }
 // ANCHOR_END: request_texts
+
+/// The run's slot occupancy as JSON: the policy, the slots, the steps, and each request's stay.
+fn write_timeline(file: &std::path::Path, policy: Policy, slots: usize, summary: &serve::Summary) -> Result<()> {
+    let policy = if policy == Policy::Static { "static" } else { "continuous" };
+    let json = serde_json::json!({
+        "policy": policy,
+        "slots": slots,
+        "steps": summary.decode_steps,
+        "occupancy": summary.timeline,
+    });
+    std::fs::write(file, serde_json::to_string_pretty(&json)? + "\n")
+        .map_err(|e| anyhow::anyhow!("cannot write the timeline {}: {e}", file.display()))?;
+    println!("timeline written to {}", file.display());
+    Ok(())
+}
 
 /// One finished request: how it ended, its text, its ids.
 fn print_response(tokenizer: &Tokenizer, response: &Response) -> Result<()> {

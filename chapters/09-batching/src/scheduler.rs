@@ -31,6 +31,18 @@ pub struct Running {
     /// Positions of this slot's cache that are filled: the prompt and the tokens fed back so far.
     pub cached: usize,
     pub last_token: u32,
+    /// Decode steps run before it was admitted.
+    pub admitted_at: usize,
+}
+
+/// Which request held which slot, from the decode step it was admitted before to the one
+/// it finished in (a request that stopped at its first token holds it for no step).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Occupancy {
+    pub request: usize,
+    pub slot: usize,
+    pub from_step: usize,
+    pub to_step: usize,
 }
 
 // ANCHOR: step_batch
@@ -76,6 +88,8 @@ pub struct Scheduler {
     pub idle_slot_steps: usize,
     pub peak_active: usize,
     pub largest_batch: usize,
+    /// Every finished request's stay in its slot, for `--timeline`.
+    pub timeline: Vec<Occupancy>,
 }
 
 impl Scheduler {
@@ -90,6 +104,7 @@ impl Scheduler {
             idle_slot_steps: 0,
             peak_active: 0,
             largest_batch: 0,
+            timeline: Vec::new(),
         }
     }
 
@@ -106,7 +121,7 @@ impl Scheduler {
             free.into_iter().map_while(|slot| Some((self.queue.pop_front()?, slot))).collect();
         for &(request, slot) in &admitted {
             // Reserved until `start` or `finish`: a slot is never given to two requests.
-            self.slots[slot] = Some(Running { request, cached: 0, last_token: 0 });
+            self.slots[slot] = Some(Running { request, cached: 0, last_token: 0, admitted_at: self.steps });
         }
         admitted
     }
@@ -122,7 +137,10 @@ impl Scheduler {
 
     /// The request in `slot` stopped; the slot is free.
     pub fn finish(&mut self, slot: usize) -> usize {
-        self.slots[slot].take().expect("finish: the slot holds a request").request
+        let running = self.slots[slot].take().expect("finish: the slot holds a request");
+        let (from_step, to_step) = (running.admitted_at, self.steps);
+        self.timeline.push(Occupancy { request: running.request, slot, from_step, to_step });
+        running.request
     }
 
     /// Sequences in slots now.
@@ -274,6 +292,21 @@ mod tests {
                 assert_eq!(finished, (0..requests.len()).collect::<Vec<_>>(), "not every request finished once");
                 for (request, simulated) in requests.iter().enumerate() {
                     assert_eq!(trace.generated[request], simulated.generates);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_timeline_never_puts_two_requests_in_one_slot_at_once() {
+        let requests = workload(&mut Random(9), 300, true);
+        for policy in [Policy::Static, Policy::Continuous] {
+            let (_, scheduler) = simulate(policy, 5, &requests);
+            assert_eq!(scheduler.timeline.len(), requests.len());
+            for a in &scheduler.timeline {
+                assert!(a.from_step <= a.to_step && a.to_step <= scheduler.steps);
+                for b in scheduler.timeline.iter().filter(|b| b.slot == a.slot && b.request != a.request) {
+                    assert!(a.to_step <= b.from_step || b.to_step <= a.from_step, "{a:?} overlaps {b:?}");
                 }
             }
         }

@@ -13,7 +13,7 @@ use anyhow::Result;
 use crate::generate::{Stop, stop_reason};
 use crate::model::Model;
 use crate::requests::Request;
-use crate::scheduler::{Policy, Scheduler, StepBatch};
+use crate::scheduler::{Occupancy, Policy, Scheduler, StepBatch};
 
 /// A finished request.
 pub struct Response {
@@ -41,6 +41,8 @@ pub struct Summary {
     pub peak_active: usize,
     pub largest_batch: usize,
     pub idle_slot_steps: usize,
+    /// Which request held which slot over which decode steps.
+    pub timeline: Vec<Occupancy>,
 }
 
 /// A request on its way: what it has generated so far.
@@ -160,6 +162,7 @@ pub fn serve(
         peak_active: scheduler.peak_active,
         largest_batch: scheduler.largest_batch,
         idle_slot_steps: scheduler.idle_slot_steps,
+        timeline: scheduler.timeline,
     })
 }
 // ANCHOR_END: serve

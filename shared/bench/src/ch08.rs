@@ -52,23 +52,6 @@ fn load(ctx: &Arc<CudaContext>, model_dir: &Path, runs: usize) -> Result<(Model,
     Ok((model, seconds, checkpoint))
 }
 
-/// What the report's floors need: the bytes a decode step must read (every weight once; an
-/// untied embedding table only for one row, which we neglect) and the matrix work per
-/// prompt token of a prefill.
-fn describe_model(checkpoint: &Checkpoint, config: &Config, part: &mut Part) {
-    let bytes =
-        |name: &str| checkpoint.tensors.iter().filter(|t| t.name.contains(name)).map(|t| t.bytes.len()).sum::<usize>();
-    let all = bytes("");
-    let table = bytes("embed_tokens");
-    let read_per_step = if config.tie_word_embeddings { all } else { all - table };
-    part.note("weight_bytes", all);
-    part.note("decode_read_bytes", read_per_step);
-    // Each bf16 weight of a layer is one multiply-add per token.
-    part.note("layer_params", bytes("model.layers.") / 2);
-    part.note("layers", config.num_hidden_layers);
-    part.note("q_width", config.num_attention_heads * config.head_dim);
-}
-
 /// Prefill, then decode steps until `request` has its budget; returns the seconds to the
 /// first token and those of each later token on average.
 fn run_request(model: &mut Model, request: &Request) -> Result<(f64, f64)> {
@@ -96,7 +79,10 @@ pub fn measure(
     let (mut model, seconds, checkpoint) = load(ctx, model_dir, runs)?;
     memory.sample()?;
     let bytes: usize = checkpoint.tensors.iter().map(|t| t.bytes.len()).sum();
-    describe_model(&checkpoint, &model.config, part);
+    let tensors: Vec<(&str, usize)> = checkpoint.tensors.iter().map(|t| (t.name.as_str(), t.bytes.len())).collect();
+    let config = &model.config;
+    let q_width = config.num_attention_heads * config.head_dim;
+    crate::facts::describe_model(&tensors, config.tie_word_embeddings, config.num_hidden_layers, q_width, part);
     let detail = "open and validate the files, allocate and copy every tensor; page cache warm";
     let load = Measurement::of_runs("load_s", "s", seconds, detail);
     let rate = bytes as f64 / 1e9 / load.value;

@@ -4,6 +4,8 @@
 
 mod ceilings;
 mod ch08;
+mod ch09;
+mod facts;
 mod memory;
 mod profiler;
 mod record;
@@ -65,6 +67,9 @@ enum Command {
         workloads: PathBuf,
         #[arg(long, default_value_t = 4)]
         steps: usize,
+        /// Sequences decoded together (chapter 9 on).
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
     },
 }
 
@@ -100,16 +105,19 @@ fn run(command: Command) -> Result<()> {
             part.note("model", model.display().to_string());
             match chapter.as_str() {
                 ch08::SYSTEM => ch08::measure(&ctx, &model, &workloads, runs, &mut part)?,
-                other => bail!("no benchmark for chapter {other:?} (known: {})", ch08::SYSTEM),
+                ch09::SYSTEM => ch09::measure(&ctx, &model, &workloads, runs, &mut part)?,
+                other => bail!("no benchmark for chapter {other:?} (known: {}, {})", ch08::SYSTEM, ch09::SYSTEM),
             }
             part.write(&out)?;
         }
-        Command::Profile { chapter, model, workloads, steps } => {
+        Command::Profile { chapter, model, workloads, steps, batch } => {
             let workloads = Workloads::read(&workloads)?;
             let ctx = open_gpu()?;
             match chapter.as_str() {
-                ch08::SYSTEM => ch08::profile(&ctx, &model, &workloads, steps)?,
-                other => bail!("no benchmark for chapter {other:?} (known: {})", ch08::SYSTEM),
+                ch08::SYSTEM if batch == 1 => ch08::profile(&ctx, &model, &workloads, steps)?,
+                ch08::SYSTEM => bail!("chapter 8 decodes one sequence at a time: --batch 1 only"),
+                ch09::SYSTEM => ch09::profile(&ctx, &model, &workloads, steps, batch)?,
+                other => bail!("no benchmark for chapter {other:?} (known: {}, {})", ch08::SYSTEM, ch09::SYSTEM),
             }
         }
     }

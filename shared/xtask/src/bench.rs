@@ -86,12 +86,18 @@ pub struct Args {
     /// Only merge the parts already in DIR into a report (no GPU needed).
     #[arg(long, value_name = "DIR", conflicts_with = "plot")]
     report: Option<PathBuf>,
+    /// Only draw the slot timeline that `ch09-batching --timeline FILE` wrote, as FILE's name with .svg.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["report", "plot"])]
+    timeline: Option<PathBuf>,
     /// Only write the table (NAME.md) and the plots (NAME-*.svg) of a report NAME.json beside it.
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if let Some(file) = &args.timeline {
+        return bench_report::draw_timeline(file);
+    }
     if let Some(file) = &args.plot {
         return bench_report::write_outputs(&bench_report::read(file)?, file);
     }
@@ -207,27 +213,33 @@ fn profile(bench: &Path, model: &Path, workloads: &Path, out: &Path) -> Result<(
         return Ok(());
     };
     let chapter = benched_chapters()?.pop().context("no chapter to profile")?;
-    let csv = out.join(format!("profile-{chapter}.csv"));
-    // The GPU's clocks and caches are left as they are: no locking to base clocks, no flush
-    // between kernels, so each kernel runs as it does in a real step.
-    let mut command = Command::new(ncu);
-    command
-        .args(["--profile-from-start", "off", "--clock-control", "none", "--cache-control", "none"])
-        .args(["--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base"])
-        .args(["--print-kernel-base", "function", "--log-file"])
-        .arg(&csv)
-        .arg(bench)
-        .args(["profile", "--chapter", &chapter, "--steps", &PROFILE_STEPS.to_string()])
-        .arg("--model")
-        .arg(model)
-        .arg("--workloads")
-        .arg(workloads);
-    run_logged(&mut command)?;
-    let kernels = bench_report::parse_ncu_csv(&std::fs::read_to_string(&csv)?)?;
-    let profile = bench_report::Profile { system: chapter.clone(), steps: PROFILE_STEPS, kernels };
-    let json = out.join(format!("profile-{chapter}.json"));
-    std::fs::write(&json, serde_json::to_string_pretty(&profile)? + "\n")?;
-    println!("bench: {} kernels profiled over {PROFILE_STEPS} decode steps of {chapter}", profile.kernels.len());
+    // From chapter 9 on, decode steps of 32 sequences too.
+    let batches: &[usize] = if chapter.as_str() >= "ch09" { &[1, 32] } else { &[1] };
+    for &batch in batches {
+        let name = if batch == 1 { format!("profile-{chapter}") } else { format!("profile-{chapter}-batch-{batch}") };
+        let csv = out.join(format!("{name}.csv"));
+        // The GPU's clocks and caches are left as they are: no locking to base clocks, no
+        // flush between kernels, so each kernel runs as it does in a real step.
+        let mut command = Command::new(&ncu);
+        command
+            .args(["--profile-from-start", "off", "--clock-control", "none", "--cache-control", "none"])
+            .args(["--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base"])
+            .args(["--print-kernel-base", "function", "--log-file"])
+            .arg(&csv)
+            .arg(bench)
+            .args(["profile", "--chapter", &chapter, "--steps", &PROFILE_STEPS.to_string()])
+            .args(["--batch", &batch.to_string()])
+            .arg("--model")
+            .arg(model)
+            .arg("--workloads")
+            .arg(workloads);
+        run_logged(&mut command)?;
+        let kernels = bench_report::parse_ncu_csv(&std::fs::read_to_string(&csv)?)?;
+        let profile = bench_report::Profile { system: chapter.clone(), steps: PROFILE_STEPS, batch, kernels };
+        std::fs::write(out.join(format!("{name}.json")), serde_json::to_string_pretty(&profile)? + "\n")?;
+        let count = profile.kernels.len();
+        println!("bench: {count} kernels profiled over {PROFILE_STEPS} decode steps of {chapter}, batch {batch}");
+    }
     Ok(())
 }
 

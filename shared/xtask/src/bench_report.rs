@@ -55,7 +55,14 @@ pub struct Kernel {
 pub struct Profile {
     pub system: String,
     pub steps: usize,
+    /// Sequences per decode step.
+    #[serde(default = "one")]
+    pub batch: usize,
     pub kernels: Vec<Kernel>,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Where and when: written when a run starts, read back by the report.
@@ -139,16 +146,20 @@ enum Better {
 }
 
 /// The table's rows: figure, label, which way is better.
-const ROWS: [(&str, &str, Better); 16] = [
+const ROWS: [(&str, &str, Better); 20] = [
     ("decode_step_ms", "decode step, batch 1 (ms)", Better::Lower),
     ("decode_tokens_per_s", "decode, batch 1 (tokens/s)", Better::Higher),
     ("ttft_ms", "time to first token, 32-token prompt (ms)", Better::Lower),
+    ("decode_step_ms_batch_8", "decode step, batch 8 (ms)", Better::Lower),
     ("decode_step_ms_batch_32", "decode step, batch 32 (ms)", Better::Lower),
+    ("decode_step_ms_batch_128", "decode step, batch 128 (ms)", Better::Lower),
+    ("decode_step_ms_batch_256", "decode step, batch 256 (ms)", Better::Lower),
     ("throughput_concurrent_8", "throughput, 8 requests (tokens/s)", Better::Higher),
     ("throughput_concurrent_32", "throughput, 32 requests (tokens/s)", Better::Higher),
     ("throughput_concurrent_128", "throughput, 128 requests (tokens/s)", Better::Higher),
     ("throughput_concurrent_256", "throughput, 256 requests (tokens/s)", Better::Higher),
     ("throughput_mixed", "throughput, mixed 64 requests (tokens/s)", Better::Higher),
+    ("throughput_mixed_static", "throughput, mixed 64 requests, static batching (tokens/s)", Better::Higher),
     ("prefill_ms", "prefill, 2,047-token prompt (ms)", Better::Lower),
     ("prefill_tokens_per_s", "prefill (tokens/s)", Better::Higher),
     ("load_s", "weight load, file to GPU (s)", Better::Lower),
@@ -212,6 +223,8 @@ fn limit(report: &Report, figure: &str) -> Option<f64> {
     let prefill_s = (2.0 * chapter.env_f64("layer_params")? * prefill_tokens + attention) / flops_rate;
     match figure {
         "decode_step_ms" => Some(step_s * 1e3),
+        // Batched or not, a step reads every weight once (the KV cache's reads come on top).
+        f if f.starts_with("decode_step_ms_batch_") => Some(step_s * 1e3),
         "decode_tokens_per_s" => Some(1.0 / step_s),
         "prefill_ms" => Some(prefill_s * 1e3),
         "prefill_tokens_per_s" => Some(prefill_tokens / prefill_s),
@@ -364,8 +377,8 @@ fn profile_table(report: &Report, profile: &Profile) -> String {
     let total: f64 = profile.kernels.iter().map(|k| k.total_us).sum::<f64>() / steps;
     let _ = writeln!(
         out,
-        "Kernels of one decode step of {}, batch 1 (Nsight Compute, {} steps):\n",
-        profile.system, profile.steps
+        "Kernels of one decode step of {}, batch {} (Nsight Compute, {} steps):\n",
+        profile.system, profile.batch, profile.steps
     );
     let _ = writeln!(out, "| kernel | launches per step | µs per step | share |\n|---|---:|---:|---:|");
     let mut kernels = profile.kernels.clone();
@@ -387,7 +400,12 @@ fn profile_table(report: &Report, profile: &Profile) -> String {
         per_step_count(kernels.iter().map(|k| k.launches).sum(), steps),
         total
     );
-    let measured = cell(report, &profile.system, "decode_step_ms", Better::Lower);
+    let figure = if profile.batch == 1 {
+        "decode_step_ms".to_string()
+    } else {
+        format!("decode_step_ms_batch_{}", profile.batch)
+    };
+    let measured = cell(report, &profile.system, &figure, Better::Lower);
     if let Some(step) = measured {
         let _ = write!(
             out,
@@ -468,11 +486,15 @@ fn split_csv(line: &str) -> Vec<String> {
 /// two plots `NAME-throughput.svg` (tokens/s against concurrency) and
 /// `NAME-decode-step.svg` (the batch-1 decode step of each system against the floor).
 pub fn outputs(report: &Report) -> Vec<(&'static str, String)> {
-    vec![
+    let mut outputs = vec![
         (".md", markdown(report)),
         ("-throughput.svg", throughput_plot(report)),
         ("-decode-step.svg", step_plot(report)),
-    ]
+    ];
+    if let Some(plot) = batch_plot(report) {
+        outputs.push(("-batch.svg", plot));
+    }
+    outputs
 }
 
 /// Writes [`outputs`] beside `json`.
@@ -516,6 +538,35 @@ fn throughput_plot(report: &Report) -> String {
     })
 }
 
+/// The decode step against its batch, for the systems that measured more than one batch
+/// size, beside the floor: where a step stops being bound by reading the weights.
+fn batch_plot(report: &Report) -> Option<String> {
+    let figure =
+        |batch: usize| if batch == 1 { "decode_step_ms".to_string() } else { format!("decode_step_ms_batch_{batch}") };
+    let mut series = Vec::new();
+    for system in columns(report).iter().filter(|s| *s != "ceilings") {
+        let points: Vec<(f64, f64)> = [1, 8, 32, 128, 256]
+            .into_iter()
+            .filter_map(|b| cell(report, system, &figure(b), Better::Lower).map(|c| (b as f64, c.value)))
+            .collect();
+        if points.len() > 1 {
+            series.push(svg::Series { name: system.clone(), points });
+        }
+    }
+    let floor = limit(report, "decode_step_ms")?;
+    if series.is_empty() {
+        return None;
+    }
+    series.push(svg::Series { name: "floor: weights read once".into(), points: vec![(1.0, floor), (256.0, floor)] });
+    Some(svg::line_chart(&svg::LineChart {
+        title: "One decode step against its batch",
+        subtitle: &subtitle(report),
+        x_label: "sequences per decode step",
+        y_label: "ms per step",
+        series,
+    }))
+}
+
 fn step_plot(report: &Report) -> String {
     let mut bars = Vec::new();
     for system in columns(report).iter().filter(|s| *s != "ceilings") {
@@ -535,6 +586,61 @@ fn step_plot(report: &Report) -> String {
         bars,
         reference: floor.map(|f| ("floor: every weight read once".to_string(), f)),
     })
+}
+
+/// A chapter's `--timeline` file: which request held which slot over which decode steps.
+#[derive(Deserialize)]
+struct TimelineFile {
+    policy: String,
+    slots: usize,
+    steps: usize,
+    occupancy: Vec<Occupancy>,
+}
+
+#[derive(Deserialize)]
+struct Occupancy {
+    request: usize,
+    slot: usize,
+    from_step: usize,
+    to_step: usize,
+}
+
+/// Draws a `--timeline` file as an SVG beside it (same name, `.svg`).
+pub fn draw_timeline(file: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let timeline: TimelineFile =
+        serde_json::from_str(&text).with_context(|| format!("{} is not a --timeline file", file.display()))?;
+    let stays = timeline
+        .occupancy
+        .iter()
+        .map(|o| svg::Stay {
+            label: o.request.to_string(),
+            colour: o.request,
+            row: o.slot,
+            from: o.from_step as f64,
+            to: o.to_step as f64,
+        })
+        .collect();
+    let subtitle = format!(
+        "{} requests, {} batching in {} slots: {} decode steps",
+        timeline.occupancy.len(),
+        timeline.policy,
+        timeline.slots,
+        timeline.steps
+    );
+    let svg = svg::timeline_chart(&svg::Timeline {
+        title: "Which request holds which slot, step by step",
+        subtitle: &subtitle,
+        row_name: "slot",
+        rows: timeline.slots,
+        x_label: "decode step",
+        end: timeline.steps as f64,
+        stays,
+    });
+    let out = file.with_extension("svg");
+    std::fs::write(&out, svg).with_context(|| format!("cannot write {}", out.display()))?;
+    println!("bench: timeline drawn in {}", out.display());
+    Ok(())
 }
 
 /// The current time in UTC, `2026-12-01T17:03:00Z`, from the system clock.
@@ -611,6 +717,7 @@ mod tests {
             profiles: vec![Profile {
                 system: "ch08-kv-cache".into(),
                 steps: 2,
+                batch: 1,
                 kernels: vec![Kernel { name: "rms_norm".into(), launches: 66, total_us: 400.0 }],
             }],
         }

@@ -208,6 +208,94 @@ pub fn bar_chart(chart: &BarChart) -> String {
     out
 }
 
+/// One bar of a timeline: what occupied `row` from `from` to `to`.
+pub struct Stay {
+    pub label: String,
+    /// Picks the bar's colour, so that neighbours differ.
+    pub colour: usize,
+    pub row: usize,
+    pub from: f64,
+    pub to: f64,
+}
+
+pub struct Timeline<'a> {
+    pub title: &'a str,
+    pub subtitle: &'a str,
+    pub row_name: &'a str,
+    pub rows: usize,
+    pub x_label: &'a str,
+    pub end: f64,
+    pub stays: Vec<Stay>,
+}
+
+/// Rows of bars along a shared axis: which request held which slot over the decode steps.
+pub fn timeline_chart(chart: &Timeline) -> String {
+    let mut out = String::new();
+    let row_h = (300.0 / chart.rows.max(1) as f64).clamp(6.0, 24.0);
+    let plot_h = row_h * chart.rows as f64;
+    header(&mut out, TOP + plot_h + BOTTOM, chart.title, chart.subtitle);
+    let plot_w = WIDTH - LEFT - 40.0;
+    let x = |v: f64| LEFT + plot_w * v / chart.end.max(1.0);
+    for stay in &chart.stays {
+        let top = TOP + row_h * stay.row as f64;
+        let hue = (stay.colour * 137) % 360; // the golden angle: consecutive colours far apart
+        let width = (x(stay.to) - x(stay.from)).max(1.0);
+        let _ = writeln!(
+            out,
+            r#"<rect x="{:.1}" y="{:.1}" width="{width:.1}" height="{:.1}" fill="hsl({hue},65%,60%)" stroke="white" stroke-width="0.5"><title>{}</title></rect>"#,
+            x(stay.from),
+            top + 1.0,
+            row_h - 2.0,
+            escape(&stay.label)
+        );
+        if width > 8.0 * stay.label.len() as f64 && row_h >= 12.0 {
+            let _ = writeln!(
+                out,
+                r#"<text x="{:.1}" y="{:.1}" font-size="10">{}</text>"#,
+                x(stay.from) + 3.0,
+                top + row_h / 2.0 + 3.5,
+                escape(&stay.label)
+            );
+        }
+    }
+    let bottom = TOP + plot_h;
+    for row in (0..chart.rows).step_by((chart.rows / 8).max(1)) {
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end" font-size="10">{} {row}</text>"#,
+            LEFT - 6.0,
+            TOP + row_h * row as f64 + row_h / 2.0 + 3.5,
+            escape(chart.row_name)
+        );
+    }
+    for tick in linear_ticks(chart.end) {
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{tick}</text>"#,
+            x(tick as f64),
+            bottom + 16.0
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<line x1="{LEFT}" x2="{:.1}" y1="{bottom:.1}" y2="{bottom:.1}" stroke="black"/><text x="{:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+        LEFT + plot_w,
+        LEFT + plot_w / 2.0,
+        bottom + 40.0,
+        escape(chart.x_label)
+    );
+    out.push_str("</svg>\n");
+    out
+}
+
+/// Round ticks from 0 to `end`: steps of 1, 2 or 5 times a power of ten, about 6 of them.
+fn linear_ticks(end: f64) -> Vec<u64> {
+    let raw = (end / 6.0).max(1.0);
+    let decade = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0].iter().map(|s| s * decade).find(|s| *s >= raw).unwrap_or(decade * 10.0) as u64;
+    (0..=(end as u64 / step)).map(|i| i * step).collect()
+}
+
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
@@ -220,6 +308,25 @@ mod tests {
     fn log_axes_cover_the_values_with_round_ticks() {
         assert_eq!(log_range([17.9, 4815.0].into_iter()), (10.0, 5000.0));
         assert_eq!(log_ticks(10.0, 5000.0), vec![10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0]);
+    }
+
+    #[test]
+    fn a_timeline_has_a_bar_per_stay() {
+        let stays =
+            (0..3).map(|i| Stay { label: format!("{i}"), colour: i, row: i % 2, from: i as f64, to: i as f64 + 4.0 });
+        let chart = timeline_chart(&Timeline {
+            title: "t",
+            subtitle: "s",
+            row_name: "slot",
+            rows: 2,
+            x_label: "step",
+            end: 7.0,
+            stays: stays.collect(),
+        });
+        assert_eq!(chart.matches("<rect x=").count(), 3);
+        assert!(chart.contains("slot 1") && chart.contains("<title>2</title>"));
+        assert_eq!(linear_ticks(7.0), vec![0, 2, 4, 6]);
+        assert_eq!(linear_ticks(1300.0), vec![0, 500, 1000]);
     }
 
     #[test]
