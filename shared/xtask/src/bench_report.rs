@@ -113,7 +113,9 @@ pub fn report(dir: &Path) -> Result<()> {
     files.sort();
     for file in files {
         let name = file.file_name().unwrap_or_default().to_string_lossy().into_owned();
-        if !name.ends_with(".json") || ["bench.json", "meta.json", "workloads.json"].contains(&name.as_str()) {
+        let not_a_part =
+            ["bench.json", "meta.json", "workloads.json"].contains(&name.as_str()) || name.starts_with("timeline-");
+        if !name.ends_with(".json") || not_a_part {
             continue;
         }
         let text = std::fs::read_to_string(&file)?;
@@ -607,6 +609,15 @@ struct Occupancy {
 
 /// Draws a `--timeline` file as an SVG beside it (same name, `.svg`).
 pub fn draw_timeline(file: &Path) -> Result<()> {
+    let svg = timeline_svg(file)?;
+    let out = file.with_extension("svg");
+    std::fs::write(&out, svg).with_context(|| format!("cannot write {}", out.display()))?;
+    println!("bench: timeline drawn in {}", out.display());
+    Ok(())
+}
+
+/// A `--timeline` file's picture: a row per slot, a bar per request's stay.
+fn timeline_svg(file: &Path) -> Result<String> {
     let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let timeline: TimelineFile =
         serde_json::from_str(&text).with_context(|| format!("{} is not a --timeline file", file.display()))?;
@@ -628,7 +639,7 @@ pub fn draw_timeline(file: &Path) -> Result<()> {
         timeline.slots,
         timeline.steps
     );
-    let svg = svg::timeline_chart(&svg::Timeline {
+    Ok(svg::timeline_chart(&svg::Timeline {
         title: "Which request holds which slot, step by step",
         subtitle: &subtitle,
         row_name: "slot",
@@ -636,11 +647,7 @@ pub fn draw_timeline(file: &Path) -> Result<()> {
         x_label: "decode step",
         end: timeline.steps as f64,
         stays,
-    });
-    let out = file.with_extension("svg");
-    std::fs::write(&out, svg).with_context(|| format!("cannot write {}", out.display()))?;
-    println!("bench: timeline drawn in {}", out.display());
-    Ok(())
+    }))
 }
 
 /// The current time in UTC, `2026-12-01T17:03:00Z`, from the system clock.
@@ -794,8 +801,13 @@ mod tests {
             if json.extension().is_none_or(|e| e != "json") {
                 continue;
             }
-            runs += 1;
             let stem = json.file_stem().unwrap().to_string_lossy().into_owned();
+            if stem.starts_with("timeline-") {
+                let committed = std::fs::read_to_string(json.with_extension("svg")).unwrap_or_default();
+                assert!(committed == timeline_svg(&json).unwrap(), "{stem}.svg is stale: cargo x bench --timeline");
+                continue;
+            }
+            runs += 1;
             for (suffix, text) in outputs(&read(&json).unwrap()) {
                 let committed = std::fs::read_to_string(perf.join(format!("{stem}{suffix}"))).unwrap_or_default();
                 assert!(

@@ -238,11 +238,12 @@ pub fn timeline_chart(chart: &Timeline) -> String {
     let x = |v: f64| LEFT + plot_w * v / chart.end.max(1.0);
     for stay in &chart.stays {
         let top = TOP + row_h * stay.row as f64;
-        let hue = (stay.colour * 137) % 360; // the golden angle: consecutive colours far apart
+        // Hues a golden angle apart, so that consecutive requests' colours are far apart.
+        let fill = hue_to_hex((stay.colour * 137 % 360) as f64);
         let width = (x(stay.to) - x(stay.from)).max(1.0);
         let _ = writeln!(
             out,
-            r#"<rect x="{:.1}" y="{:.1}" width="{width:.1}" height="{:.1}" fill="hsl({hue},65%,60%)" stroke="white" stroke-width="0.5"><title>{}</title></rect>"#,
+            r#"<rect x="{:.1}" y="{:.1}" width="{width:.1}" height="{:.1}" fill="{fill}" stroke="white" stroke-width="0.5"><title>{}</title></rect>"#,
             x(stay.from),
             top + 1.0,
             row_h - 2.0,
@@ -288,6 +289,26 @@ pub fn timeline_chart(chart: &Timeline) -> String {
     out
 }
 
+/// A mid-light colour of hue `hue` degrees (saturation 65%, lightness 60%) as `#rrggbb`,
+/// which every SVG viewer reads.
+fn hue_to_hex(hue: f64) -> String {
+    let (saturation, lightness) = (0.65, 0.6);
+    let chroma = (1.0 - (2.0 * lightness - 1.0f64).abs()) * saturation;
+    let h = hue / 60.0;
+    let x = chroma * (1.0 - (h % 2.0 - 1.0).abs());
+    let (r, g, b) = match h as u32 {
+        0 => (chroma, x, 0.0),
+        1 => (x, chroma, 0.0),
+        2 => (0.0, chroma, x),
+        3 => (0.0, x, chroma),
+        4 => (x, 0.0, chroma),
+        _ => (chroma, 0.0, x),
+    };
+    let m = lightness - chroma / 2.0;
+    let byte = |v: f64| ((v + m) * 255.0).round() as u8;
+    format!("#{:02x}{:02x}{:02x}", byte(r), byte(g), byte(b))
+}
+
 /// Round ticks from 0 to `end`: steps of 1, 2 or 5 times a power of ten, about 6 of them.
 fn linear_ticks(end: f64) -> Vec<u64> {
     let raw = (end / 6.0).max(1.0);
@@ -326,6 +347,8 @@ mod tests {
         assert_eq!(chart.matches("<rect x=").count(), 3);
         assert!(chart.contains("slot 1") && chart.contains("<title>2</title>"));
         assert_eq!(linear_ticks(7.0), vec![0, 2, 4, 6]);
+        assert_eq!(hue_to_hex(0.0), "#db5757");
+        assert_eq!(hue_to_hex(120.0), "#57db57");
         assert_eq!(linear_ticks(1300.0), vec![0, 500, 1000]);
     }
 
