@@ -84,6 +84,21 @@ impl KvCache {
         Ok((self.k.slice(span.clone()), self.v.slice(span)))
     }
 
+    /// Under `--check` (see [`Gpu::poison`]), fills every layer's rows of `slot` with NaN
+    /// before a new sequence takes it. The cache starts as NaN, but a reused slot holds its
+    /// previous sequence's keys and values, real numbers: a kernel reading a row its own
+    /// sequence never wrote would get plausible, wrong values instead of NaN. Without
+    /// `--check` it does nothing.
+    pub fn poison_slot(&mut self, gpu: &Gpu, slot: usize) -> Result<()> {
+        let layers = self.k.len() / (self.slots * self.capacity * self.row_width);
+        for layer in 0..layers {
+            let (mut k, mut v) = self.rows_mut(layer, slot, 0..self.capacity)?;
+            gpu.poison(&mut k)?;
+            gpu.poison(&mut v)?;
+        }
+        Ok(())
+    }
+
     /// Every slot of layer `layer`, for the kernels of a decode step, which find each
     /// sequence's rows by its slot.
     pub fn layer(&self, layer: usize) -> (CudaView<'_, bf16>, CudaView<'_, bf16>) {

@@ -84,7 +84,8 @@ struct Cli {
     /// The first user's prompt.
     #[arg(required_unless_present_any = ["header", "prompts_file"])]
     prompt: Option<String>,
-    /// How many tokens to generate at most, for every request (a prompts file's own wins).
+    /// How many tokens to generate at most, for every request (with --prompts-file, for the
+    /// lines that give no `max_new_tokens`: 128).
     #[arg(default_value_t = 128, allow_negative_numbers = true, value_parser = generate::parse_max_new_tokens)]
     max_new_tokens: usize,
     /// More prompts, each a request of its own.
@@ -153,13 +154,17 @@ fn run(cli: Cli) -> Result<()> {
         if policy == Policy::Static { "static" } else { "continuous" }
     );
     if cli.no_gpu {
+        // Each request's prompt, token by token, as chapter 8 shows its one.
         for (i, (text, request)) in texts.iter().zip(&requests).enumerate() {
+            println!();
             println!(
                 "request {i}: {} prompt tokens, up to {} new: {:?}",
                 request.prompt.len(),
                 request.max_new_tokens,
                 text.prompt
             );
+            let system = text.system.as_deref().or(cli.system.as_deref());
+            commands::show_prompt(&tokenizer, system, &text.prompt, &config.eos_token_id)?;
         }
         return Ok(());
     }
@@ -210,7 +215,7 @@ fn run(cli: Cli) -> Result<()> {
     // --check samples the first request and the last, which runs beside others' ends.
     let sampled: Vec<usize> = if cli.check { vec![0, requests.len() - 1] } else { Vec::new() };
     let mut kept: Vec<Response> = Vec::new();
-    let summary = serve::serve(&mut model, &requests, policy, &sampled, |response| {
+    let summary = serve::serve(&mut model, &requests, policy, slots, &sampled, |response| {
         if !cli.quiet {
             print_response(&tokenizer, &response)?;
         }

@@ -373,6 +373,7 @@ impl Model {
         ensure!(ids.len() <= self.cache.capacity, "{} tokens, but the cache holds {}", ids.len(), self.cache.capacity);
         ensure!(slot < self.cache.slots, "slot {slot}, but the cache has {}", self.cache.slots);
         self.pass = Pass::Prefill { slot };
+        self.cache.poison_slot(&self.gpu, slot)?;
         self.embed(ids)?;
         for layer in 0..self.config.num_hidden_layers {
             for sublayer in [Sublayer::Attention, Sublayer::Mlp] {
@@ -475,7 +476,8 @@ impl Model {
         Ok(self.gpu.stream.clone_dtoh(&self.act.logits.slice(row * vocab..(row + 1) * vocab))?)
     }
 
-    /// The rows in use of one of the activation buffers, copied to the host as f32.
+    /// The rows in use of one of the activation buffers of `max_rows` rows (not the
+    /// `max_batch`-row ones), copied to the host as f32.
     pub fn read(&self, buffer: &CudaSlice<bf16>) -> Result<Vec<f32>> {
         let width = buffer.len() / self.act.max_rows;
         let values = self.gpu.stream.clone_dtoh(&buffer.slice(..self.rows * width))?;

@@ -5,8 +5,8 @@
 //! {"prompt": "Write a haiku about Rust.", "max_new_tokens": 64, "system": "Be brief."}
 //! ```
 //!
-//! `max_new_tokens` and `system` are optional (the command line's budget and `--system`
-//! apply where they are missing); blank lines are skipped. A line that is not such an
+//! `max_new_tokens` and `system` are optional (the default budget, 128, and `--system` apply
+//! where they are missing); blank lines are skipped. A line that is not such an
 //! object is reported with its number, and nothing runs.
 
 use std::path::Path;

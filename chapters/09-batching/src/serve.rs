@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 
 use crate::generate::{Stop, stop_reason};
 use crate::model::Model;
@@ -54,21 +54,28 @@ struct InFlight {
 }
 
 // ANCHOR: serve
-/// Serves `requests` in the model's slots under `policy`, calling `finished` with each
-/// response as it completes; keeps the logits of every step for the requests in `sampled`.
+/// Serves `requests` under `policy`, at most `max_batch` at a time (at most the cache's
+/// slots), calling `finished` with each response as it completes; keeps the logits of every
+/// step for the requests in `sampled`.
 pub fn serve(
     model: &mut Model,
     requests: &[Request],
     policy: Policy,
+    max_batch: usize,
     sampled: &[usize],
     mut finished: impl FnMut(Response) -> Result<()>,
 ) -> Result<Summary> {
     let start = Instant::now();
     let context = model.cache.capacity;
     let end_tokens = model.config.eos_token_id.clone();
-    let mut scheduler = Scheduler::new(policy, model.cache.slots, requests.len());
+    ensure!(
+        max_batch > 0 && max_batch <= model.cache.slots,
+        "a batch of {max_batch}, but the cache has {} slots",
+        model.cache.slots
+    );
+    let mut scheduler = Scheduler::new(policy, max_batch, requests.len());
     let mut in_flight: Vec<Option<InFlight>> = (0..requests.len()).map(|_| None).collect();
-    let mut batch = StepBatch::with_capacity(model.cache.slots);
+    let mut batch = StepBatch::with_capacity(max_batch);
     let mut first_token_seconds = Vec::with_capacity(requests.len());
     let mut generated_tokens = 0;
     // Hands a stopped request's slot back and its response to the caller.

@@ -33,6 +33,8 @@ const SLOTS: usize = 256;
 const SWEEP: [usize; 4] = [8, 32, 128, 256];
 /// Decode steps timed per run of the sweep.
 const SWEEP_STEPS: usize = 16;
+/// Slots the mixed workload is served in: fewer than its requests, so that the policies differ.
+const MIXED_SLOTS: usize = 16;
 
 /// Loads the model `1 + runs` times (the first fills the page cache) and keeps the last.
 fn load(ctx: &Arc<CudaContext>, model_dir: &Path, runs: usize) -> Result<(Model, Vec<f64>, Checkpoint)> {
@@ -169,14 +171,14 @@ pub fn measure(
     for batch in &workloads.batches {
         let requests: Vec<Request> = batch.requests.iter().map(request).collect();
         let tokens: usize = requests.iter().map(|r| r.max_new_tokens).sum();
-        let policies: &[(Policy, &str)] = if batch.name == "mixed" {
-            &[(Policy::Continuous, ""), (Policy::Static, "_static")]
+        let (policies, slots): (&[(Policy, &str)], usize) = if batch.name == "mixed" {
+            (&[(Policy::Continuous, ""), (Policy::Static, "_static")], MIXED_SLOTS)
         } else {
-            &[(Policy::Continuous, "")]
+            (&[(Policy::Continuous, "")], SLOTS)
         };
         for &(policy, suffix) in policies {
             let rates = repeat(runs.min(3), || {
-                let summary = serve::serve(&mut model, &requests, policy, &[], |_| Ok(()))?;
+                let summary = serve::serve(&mut model, &requests, policy, slots, &[], |_| Ok(()))?;
                 anyhow::ensure!(
                     summary.generated_tokens == tokens,
                     "served {} tokens, expected {tokens}",
@@ -186,7 +188,7 @@ pub fn measure(
             })?;
             let how = if policy == Policy::Static { "static" } else { "continuous" };
             let what = format!(
-                "{} requests, {how} batching in {SLOTS} slots; generated tokens / wall time, prefill included",
+                "{} requests, {how} batching in {slots} slots; generated tokens / wall time, prefill included",
                 requests.len()
             );
             part.push(Measurement::of_runs(&format!("throughput_{}{suffix}", batch.name), "tokens/s", rates, &what));
