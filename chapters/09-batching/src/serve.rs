@@ -63,27 +63,136 @@ pub fn serve(
     policy: Policy,
     max_batch: usize,
     sampled: &[usize],
-    mut finished: impl FnMut(Response) -> Result<()>,
+    finished: impl FnMut(Response) -> Result<()>,
 ) -> Result<Summary> {
-    let start = Instant::now();
-    let context = model.cache.capacity;
-    let end_tokens = model.config.eos_token_id.clone();
     ensure!(
         max_batch > 0 && max_batch <= model.cache.slots,
         "a batch of {max_batch}, but the cache has {} slots",
         model.cache.slots
     );
-    let mut scheduler = Scheduler::new(policy, max_batch, requests.len());
-    let mut in_flight: Vec<Option<InFlight>> = (0..requests.len()).map(|_| None).collect();
-    let mut batch = StepBatch::with_capacity(max_batch);
-    let mut first_token_seconds = Vec::with_capacity(requests.len());
-    let mut generated_tokens = 0;
-    // Hands a stopped request's slot back and its response to the caller.
-    let mut complete = |scheduler: &mut Scheduler, in_flight: &mut Vec<Option<InFlight>>, slot, stop| {
-        let request = scheduler.finish(slot);
-        let done = in_flight[request].take().expect("a finished request was in flight");
-        generated_tokens += done.tokens.len();
-        finished(Response {
+    let mut serving = Serving {
+        requests,
+        sampled,
+        context: model.cache.capacity,
+        end_tokens: model.config.eos_token_id.clone(),
+        start: Instant::now(),
+        scheduler: Scheduler::new(policy, max_batch, requests.len()),
+        in_flight: (0..requests.len()).map(|_| None).collect(),
+        batch: StepBatch::with_capacity(max_batch),
+        first_token_seconds: Vec::with_capacity(requests.len()),
+        generated_tokens: 0,
+        finished,
+    };
+    while !serving.scheduler.is_done() {
+        serving.admit(model)?;
+        if serving.scheduler.active() > 0 {
+            serving.decode_step(model)?;
+        }
+    }
+    Ok(serving.summary())
+}
+
+/// The state of one run of [`serve`].
+struct Serving<'a, F> {
+    requests: &'a [Request],
+    sampled: &'a [usize],
+    context: usize,
+    end_tokens: Vec<u32>,
+    start: Instant,
+    scheduler: Scheduler,
+    /// Each request's progress while it holds a slot.
+    in_flight: Vec<Option<InFlight>>,
+    batch: StepBatch,
+    first_token_seconds: Vec<f64>,
+    generated_tokens: usize,
+    finished: F,
+}
+
+impl<F: FnMut(Response) -> Result<()>> Serving<'_, F> {
+    /// Admission: prefills each admitted prompt into its slot, one at a time. A request that
+    /// stops at its first token frees its slot at once, so it admits until none comes.
+    fn admit(&mut self, model: &mut Model) -> Result<()> {
+        loop {
+            let admitted = self.scheduler.admit();
+            if admitted.is_empty() {
+                return Ok(());
+            }
+            for (request, slot) in admitted {
+                self.prefill(model, request, slot)?;
+            }
+        }
+    }
+
+    /// The prompt of `request` into `slot`, and its first token.
+    fn prefill(&mut self, model: &mut Model, request: usize, slot: usize) -> Result<()> {
+        let Request { prompt, max_new_tokens } = &self.requests[request];
+        let mut flight = InFlight {
+            slot,
+            tokens: Vec::with_capacity(*max_new_tokens),
+            first_token_seconds: 0.0,
+            step_logits: Vec::new(),
+        };
+        if *max_new_tokens == 0 {
+            self.in_flight[request] = Some(flight);
+            return self.complete(slot, Stop::Budget);
+        }
+        model.forward(slot, prompt)?;
+        if self.sampled.contains(&request) {
+            flight.step_logits.push(model.logits_row(0)?);
+        }
+        let first = model.next_tokens()?[0];
+        flight.tokens.push(first);
+        flight.first_token_seconds = self.start.elapsed().as_secs_f64();
+        self.first_token_seconds.push(flight.first_token_seconds);
+        self.in_flight[request] = Some(flight);
+        match stop_reason(first, &self.end_tokens, 1, *max_new_tokens, prompt.len(), self.context) {
+            Some(stop) => self.complete(slot, stop),
+            None => {
+                self.scheduler.start(slot, prompt.len(), first);
+                Ok(())
+            }
+        }
+    }
+
+    /// One decode step: a token of every sequence in a slot, each checked against the stop rule.
+    fn decode_step(&mut self, model: &mut Model) -> Result<()> {
+        self.scheduler.step_batch(&mut self.batch);
+        model.decode(&self.batch)?;
+        for row in 0..self.batch.len() {
+            let request = self.request_in_row(row);
+            if self.sampled.contains(&request) {
+                let logits = model.logits_row(row)?;
+                self.in_flight[request].as_mut().expect("running").step_logits.push(logits);
+            }
+        }
+        let chosen = model.next_tokens()?;
+        for (row, &token) in chosen.iter().enumerate() {
+            let (slot, request) = (self.batch.slots[row] as usize, self.request_in_row(row));
+            let flight = self.in_flight[request].as_mut().expect("running");
+            flight.tokens.push(token);
+            // The token was predicted from the row's position and every one before it.
+            let processed = self.batch.positions[row] as usize + 1;
+            let max_new_tokens = self.requests[request].max_new_tokens;
+            match stop_reason(token, &self.end_tokens, flight.tokens.len(), max_new_tokens, processed, self.context) {
+                Some(stop) => self.complete(slot, stop)?,
+                None => self.scheduler.advance(slot, token),
+            }
+        }
+        Ok(())
+    }
+
+    /// The request whose sequence is row `row` of the step's batch.
+    fn request_in_row(&self, row: usize) -> usize {
+        let slot = self.batch.slots[row] as usize;
+        self.scheduler.running(slot).expect("a row's slot is running").request
+    }
+
+    /// A stopped request: its slot back to the scheduler, its response to the caller.
+    fn complete(&mut self, slot: usize, stop: Stop) -> Result<()> {
+        let request = self.scheduler.finish(slot);
+        let done = self.in_flight[request].take().expect("a finished request was in flight");
+        self.generated_tokens += done.tokens.len();
+        (self.finished)(Response {
             request,
             slot: done.slot,
             tokens: done.tokens,
@@ -91,86 +200,22 @@ pub fn serve(
             first_token_seconds: done.first_token_seconds,
             step_logits: done.step_logits,
         })
-    };
+    }
 
-    while !scheduler.is_done() {
-        // Admission: prefill each admitted prompt into its slot, one at a time. A request
-        // that stops at its first token frees its slot at once, so admit until none comes.
-        loop {
-            let admitted = scheduler.admit();
-            if admitted.is_empty() {
-                break;
-            }
-            for (request, slot) in admitted {
-                let Request { prompt, max_new_tokens } = &requests[request];
-                let mut flight = InFlight {
-                    slot,
-                    tokens: Vec::with_capacity(*max_new_tokens),
-                    first_token_seconds: 0.0,
-                    step_logits: Vec::new(),
-                };
-                if *max_new_tokens == 0 {
-                    in_flight[request] = Some(flight);
-                    complete(&mut scheduler, &mut in_flight, slot, Stop::Budget)?;
-                    continue;
-                }
-                model.forward(slot, prompt)?;
-                if sampled.contains(&request) {
-                    flight.step_logits.push(model.logits_row(0)?);
-                }
-                let first = model.next_tokens()?[0];
-                flight.tokens.push(first);
-                flight.first_token_seconds = start.elapsed().as_secs_f64();
-                first_token_seconds.push(flight.first_token_seconds);
-                in_flight[request] = Some(flight);
-                match stop_reason(first, &end_tokens, 1, *max_new_tokens, prompt.len(), context) {
-                    Some(stop) => complete(&mut scheduler, &mut in_flight, slot, stop)?,
-                    None => scheduler.start(slot, prompt.len(), first),
-                }
-            }
-        }
-        if scheduler.active() == 0 {
-            continue; // every admitted request stopped at its first token
-        }
-
-        // One decode step: a token of every sequence in a slot.
-        scheduler.step_batch(&mut batch);
-        model.decode(&batch)?;
-        for row in 0..batch.len() {
-            let slot = batch.slots[row] as usize;
-            let request = scheduler.running(slot).expect("a row's slot is running").request;
-            if sampled.contains(&request) {
-                let logits = model.logits_row(row)?;
-                in_flight[request].as_mut().expect("running").step_logits.push(logits);
-            }
-        }
-        let chosen = model.next_tokens()?;
-        for (row, &token) in chosen.iter().enumerate() {
-            let slot = batch.slots[row] as usize;
-            let request = scheduler.running(slot).expect("a row's slot is running").request;
-            let flight = in_flight[request].as_mut().expect("running");
-            flight.tokens.push(token);
-            // The token was predicted from the row's position and every one before it.
-            let processed = batch.positions[row] as usize + 1;
-            let max_new_tokens = requests[request].max_new_tokens;
-            match stop_reason(token, &end_tokens, flight.tokens.len(), max_new_tokens, processed, context) {
-                Some(stop) => complete(&mut scheduler, &mut in_flight, slot, stop)?,
-                None => scheduler.advance(slot, token),
-            }
+    fn summary(self) -> Summary {
+        Summary {
+            requests: self.requests.len(),
+            prompt_tokens: self.requests.iter().map(|r| r.prompt.len()).sum(),
+            generated_tokens: self.generated_tokens,
+            seconds: self.start.elapsed().as_secs_f64(),
+            first_token_seconds: self.first_token_seconds,
+            decode_steps: self.scheduler.steps,
+            peak_active: self.scheduler.peak_active,
+            largest_batch: self.scheduler.largest_batch,
+            idle_slot_steps: self.scheduler.idle_slot_steps,
+            timeline: self.scheduler.timeline,
         }
     }
-    Ok(Summary {
-        requests: requests.len(),
-        prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),
-        generated_tokens,
-        seconds: start.elapsed().as_secs_f64(),
-        first_token_seconds,
-        decode_steps: scheduler.steps,
-        peak_active: scheduler.peak_active,
-        largest_batch: scheduler.largest_batch,
-        idle_slot_steps: scheduler.idle_slot_steps,
-        timeline: scheduler.timeline,
-    })
 }
 // ANCHOR_END: serve
 
