@@ -13,6 +13,12 @@ pub const MAX_CONTEXT: usize = 2048;
 /// The numbers that fix every tensor's shape, plus the constants later chapters need.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Config {
+    /// The model's family, which must be `"llama"`: other families (Mistral, Qwen2, …) carry
+    /// the same fields but compute something else.
+    #[serde(default)]
+    pub model_type: String,
+    #[serde(default)]
+    pub architectures: Vec<String>,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
@@ -36,6 +42,10 @@ pub struct Config {
     #[serde(default, deserialize_with = "one_or_many")]
     pub eos_token_id: Vec<u32>,
 }
+
+/// The largest vocabulary accepted (Llama 3 has 128,256 tokens): a bound that keeps a
+/// corrupt `vocab_size` from sizing buffers.
+pub const MAX_VOCAB: usize = 1 << 20;
 
 /// Llama 3's end tokens: `<|end_of_text|>`, `<|eom_id|>` (end of a tool-call message) and
 /// `<|eot_id|>` (end of a turn, what a chat model writes when its answer is done).
@@ -80,7 +90,31 @@ impl Config {
     }
 
     fn validate(&self) -> Result<()> {
-        ensure!(self.num_hidden_layers > 0 && self.hidden_size > 0, "the model has no layers or no width");
+        ensure!(
+            self.model_type == "llama",
+            "model_type is {:?}: this engine runs Llama models (\"llama\") only",
+            self.model_type
+        );
+        if let Some(other) = self.architectures.iter().find(|a| a.as_str() != "LlamaForCausalLM") {
+            bail!("architectures names {other:?}: this engine runs LlamaForCausalLM only");
+        }
+        for (field, value) in [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+        ] {
+            ensure!(value > 0, "{field} is 0");
+        }
+        // Refused before anything is sized from it: a table of 10^12 rows would be asked for.
+        ensure!(
+            self.vocab_size <= MAX_VOCAB,
+            "vocab_size {} is beyond the {MAX_VOCAB} this engine allows",
+            self.vocab_size
+        );
         ensure!(
             self.num_key_value_heads > 0 && self.num_attention_heads.is_multiple_of(self.num_key_value_heads),
             "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
@@ -176,6 +210,36 @@ mod tests {
         let path = dir.path().join("config.json");
         std::fs::write(&path, text).unwrap();
         Config::from_file(&path).unwrap()
+    }
+
+    /// Llama 3.2 1B's config.json with `from` replaced by `to`, read back.
+    fn edited_config(from: &str, to: &str) -> Result<Config> {
+        assert!(LLAMA_3_2_1B_CONFIG_JSON.contains(from), "{from}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(&path, LLAMA_3_2_1B_CONFIG_JSON.replace(from, to)).unwrap();
+        Config::from_file(&path)
+    }
+
+    #[test]
+    fn another_model_family_is_refused() {
+        let error =
+            format!("{:#}", edited_config("\"model_type\": \"llama\"", "\"model_type\": \"qwen2\"").unwrap_err());
+        assert!(error.contains("model_type is \"qwen2\": this engine runs Llama models"), "{error}");
+        let error = format!("{:#}", edited_config("\"LlamaForCausalLM\"", "\"MistralForCausalLM\"").unwrap_err());
+        assert!(error.contains("architectures names \"MistralForCausalLM\""), "{error}");
+    }
+
+    #[test]
+    fn a_zero_size_or_a_huge_vocabulary_is_named() {
+        let error =
+            format!("{:#}", edited_config("\"num_attention_heads\": 32", "\"num_attention_heads\": 0").unwrap_err());
+        assert!(error.contains("num_attention_heads is 0"), "{error}");
+        let error =
+            format!("{:#}", edited_config("\"intermediate_size\": 8192", "\"intermediate_size\": 0").unwrap_err());
+        assert!(error.contains("intermediate_size is 0"), "{error}");
+        let huge = edited_config("\"vocab_size\": 128256", "\"vocab_size\": 1000000000000").unwrap_err();
+        assert!(format!("{huge:#}").contains("vocab_size 1000000000000 is beyond"), "{huge:#}");
     }
 
     #[test]
