@@ -19,8 +19,7 @@ use ch09_batching::requests::{self, Request, RequestText};
 use ch09_batching::scheduler::Policy;
 use ch09_batching::serve::{self, Response};
 use ch09_batching::tokenizer::Tokenizer;
-use ch09_batching::tokenizer::commands::join_ids;
-use ch09_batching::tokenizer::commands::{self, Command};
+use ch09_batching::tokenizer::commands::{self, Command, join_ids};
 use ch09_batching::weights::{self, Weights};
 use ch09_batching::{check, generate, kv_cache, ops, rope};
 
@@ -154,19 +153,7 @@ fn run(cli: Cli) -> Result<()> {
         if policy == Policy::Static { "static" } else { "continuous" }
     );
     if cli.no_gpu {
-        // Each request's prompt, token by token, as chapter 8 shows its one.
-        for (i, (text, request)) in texts.iter().zip(&requests).enumerate() {
-            println!();
-            println!(
-                "request {i}: {} prompt tokens, up to {} new: {:?}",
-                request.prompt.len(),
-                request.max_new_tokens,
-                text.prompt
-            );
-            let system = text.system.as_deref().or(cli.system.as_deref());
-            commands::show_prompt(&tokenizer, system, &text.prompt, &config.eos_token_id)?;
-        }
-        return Ok(());
+        return show_requests(&tokenizer, &texts, &requests, &cli, &config.eos_token_id);
     }
 
     let ctx = gpu::open_gpu()?;
@@ -185,6 +172,9 @@ fn run(cli: Cli) -> Result<()> {
     );
     if cli.check {
         weights::check_upload(&stream, &checkpoint, &weights)?;
+    }
+    if cli.verbose {
+        show_requests(&tokenizer, &texts, &requests, &cli, &config.eos_token_id)?;
     }
 
     // ANCHOR: gpu_work
@@ -278,6 +268,28 @@ fn encode_requests(tokenizer: &Tokenizer, texts: &[RequestText], cli: &Cli, cont
     Ok(requests)
 }
 // ANCHOR_END: request_texts
+
+/// Each request's prompt, token by token, as chapter 8 shows its one (`--no-gpu`, `--verbose`).
+fn show_requests(
+    tokenizer: &Tokenizer,
+    texts: &[RequestText],
+    requests: &[Request],
+    cli: &Cli,
+    end_tokens: &[u32],
+) -> Result<()> {
+    for (i, (text, request)) in texts.iter().zip(requests).enumerate() {
+        println!();
+        println!(
+            "request {i}: {} prompt tokens, up to {} new: {:?}",
+            request.prompt.len(),
+            request.max_new_tokens,
+            text.prompt
+        );
+        let system = text.system.as_deref().or(cli.system.as_deref());
+        commands::show_prompt(tokenizer, system, &text.prompt, end_tokens)?;
+    }
+    Ok(())
+}
 
 /// The run's slot occupancy as JSON: the policy, the slots, the steps, and each request's stay.
 fn write_timeline(file: &std::path::Path, policy: Policy, slots: usize, summary: &serve::Summary) -> Result<()> {
