@@ -166,6 +166,16 @@ pub fn run(args: Args) -> Result<()> {
                 let checked = run_chapter(&name, &binary, &args)?;
                 rows.extend(checked.into_iter().map(|row| Row { what: format!("{} [static]", row.what), ..row }));
             }
+            // Chapter 10 again in a pool of 8 pages, where one request runs at a time and the
+            // others wait for its pages, and with decode attention never split across blocks.
+            if folder.starts_with("10") {
+                for (extra, label) in [(&["--kv-cache-mib", "4"][..], "4 MiB pool"), (&["--no-split-kv"][..], "no split")] {
+                    let mut args = check_args(folder, &model, tokenizer, &prompt, None);
+                    args.extend(extra.iter().map(|a| a.to_string()));
+                    let checked = run_chapter(&name, &binary, &args)?;
+                    rows.extend(checked.into_iter().map(|row| Row { what: format!("{} [{label}]", row.what), ..row }));
+                }
+            }
             // Attention must handle the whole context: chapter 6 is checked on a ~2,000-token prompt too.
             if folder.starts_with("06") {
                 let long_prompt = "The quick brown fox jumps over the lazy dog. ".repeat(200);
@@ -180,17 +190,37 @@ pub fn run(args: Args) -> Result<()> {
             let tokenizer = args.tokenizer.as_deref();
             rows.extend(kv_cache_agreement(&recompute, &cached, &model, tokenizer, &prompt)?);
         }
-        let batched = bin_dir.join("ch09-batching");
-        if chosen("09") && cached.exists() && batched.exists() {
+        let (batched, paged) = (bin_dir.join("ch09-batching"), bin_dir.join("ch10-paged-attention"));
+        let tokenizer = args.tokenizer.as_deref();
+        let (check_09, check_10) = (chosen("09") && batched.exists(), chosen("10") && paged.exists());
+        if (check_09 || check_10) && cached.exists() {
             let workload = batching_workload(seed);
-            rows.extend(batching_agreement(
-                &cached,
-                &batched,
-                &model,
-                args.tokenizer.as_deref(),
-                &workload,
-                &args.work_dir,
-            )?);
+            let expected = alone_ids(&cached, &model, tokenizer, &workload)?;
+            let file = write_workload(&args.work_dir, "batching-workload.jsonl", &workload)?;
+            for policy in ["--continuous", "--static"].into_iter().filter(|_| check_09) {
+                let run = BatchedRun { binary: &batched, model: &model, tokenizer, file: &file, args: &[policy] };
+                rows.push(run.agreement(&workload, &expected, &[])?);
+            }
+            if check_10 {
+                // The same workload in the default pool of 128 MiB: the long requests wait for pages.
+                for policy in ["--continuous", "--static"] {
+                    let run = BatchedRun { binary: &paged, model: &model, tokenizer, file: &file, args: &[policy] };
+                    rows.push(run.agreement(&workload, &expected, &[])?);
+                }
+            }
+        }
+        if chosen("10") && cached.exists() && batched.exists() && paged.exists() {
+            // Short requests in a pool of 16 pages, and one that could never fit in it.
+            let workload = small_pool_workload(seed);
+            let expected = alone_ids(&cached, &model, tokenizer, &workload)?;
+            let file = write_workload(&args.work_dir, "small-pool-workload.jsonl", &workload)?;
+            let run = BatchedRun { binary: &batched, model: &model, tokenizer, file: &file, args: &["--continuous"] };
+            rows.push(run.agreement(&workload, &expected, &[])?);
+            for policy in ["--continuous", "--static"] {
+                let args = [policy, "--kv-cache-mib", "8"];
+                let run = BatchedRun { binary: &paged, model: &model, tokenizer, file: &file, args: &args };
+                rows.push(run.agreement(&workload, &expected, &[SMALL_POOL_TOO_LARGE])?);
+            }
         }
         let engine = latest_generating_chapter(&bin_dir)?;
         let engine_chosen =
@@ -468,31 +498,59 @@ fn batching_workload(seed: u64) -> Vec<BatchRequest> {
         .collect()
 }
 
-/// Every request's greedy ids from chapter 9, batched (`BATCHING_SLOTS` slots, in both
-/// policies), against chapter 8's for that request alone: the same ids, request by request.
-fn batching_agreement(
-    alone: &Path,
-    batched: &Path,
-    model: &Path,
-    tokenizer: Option<&Path>,
-    workload: &[BatchRequest],
-    work_dir: &Path,
-) -> Result<Vec<Row>> {
-    let tokenizer_args: Vec<String> =
-        tokenizer.map(|t| vec!["--tokenizer".to_string(), t.display().to_string()]).unwrap_or_default();
+/// A workload for a pool of 16 pages (`--kv-cache-mib 8` on 1B, 256 positions): short
+/// prompts and budgets, so that two or three fit at a time and the rest wait, and request
+/// [`SMALL_POOL_TOO_LARGE`], a prompt longer than the whole pool, which must be rejected
+/// while the others run.
+fn small_pool_workload(seed: u64) -> Vec<BatchRequest> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move |bound: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % bound as u64) as usize
+    };
+    (0..SMALL_POOL_REQUESTS)
+        .map(|i| {
+            let words = if i == SMALL_POOL_TOO_LARGE { 400 } else { 1 + next(40) };
+            let phrase = random_prompt(seed + 100 + i as u64);
+            let prompt = match i {
+                2 => "Tell me about it.".to_string(),
+                _ => phrase.split(' ').cycle().take(words).collect::<Vec<_>>().join(" "),
+            };
+            // The synthetic model ends "Tell me about it." within a few tokens: room for it.
+            let max_new_tokens = if i == 2 { 64 } else { 1 + next(120) };
+            BatchRequest { prompt, max_new_tokens, system: None }
+        })
+        .collect()
+}
+
+const SMALL_POOL_REQUESTS: usize = 16;
+const SMALL_POOL_TOO_LARGE: usize = 5;
+
+/// Chapter 8's greedy ids for each request of `workload`, run alone.
+fn alone_ids(alone: &Path, model: &Path, tokenizer: Option<&Path>, workload: &[BatchRequest]) -> Result<Vec<Vec<u32>>> {
     println!("gpu-check: chapter 8 on each of {} requests alone", workload.len());
     let mut expected = Vec::new();
     for request in workload {
         let mut command = Command::new(alone);
-        command.arg("--model").arg(model).args(&tokenizer_args);
+        command.arg("--model").arg(model);
+        if let Some(tokenizer) = tokenizer {
+            command.arg("--tokenizer").arg(tokenizer);
+        }
         if let Some(system) = &request.system {
             command.args(["--system", system]);
         }
         let stdout = capture(command.arg(&request.prompt).arg(request.max_new_tokens.to_string()))?;
         expected.push(parse_ids(first_generated_ids(&stdout))?);
     }
+    Ok(expected)
+}
+
+/// `workload` as a prompts file in `work_dir`.
+fn write_workload(work_dir: &Path, name: &str, workload: &[BatchRequest]) -> Result<PathBuf> {
     std::fs::create_dir_all(work_dir)?;
-    let file = work_dir.join("batching-workload.jsonl");
+    let file = work_dir.join(name);
     let lines: Vec<String> = workload
         .iter()
         .map(|r| {
@@ -504,22 +562,39 @@ fn batching_agreement(
         })
         .collect();
     std::fs::write(&file, lines.join("\n") + "\n")?;
-    let lengths: Vec<usize> = workload.iter().map(|r| r.prompt.split(' ').count()).collect();
-    let budgets: Vec<usize> = workload.iter().map(|r| r.max_new_tokens).collect();
-    let describe = format!(
-        "{} requests of {}-{} words and budgets {}-{}, {BATCHING_SLOTS} slots",
-        workload.len(),
-        lengths.iter().min().unwrap_or(&0),
-        lengths.iter().max().unwrap_or(&0),
-        budgets.iter().min().unwrap_or(&0),
-        budgets.iter().max().unwrap_or(&0)
-    );
-    let mut rows = Vec::new();
-    for policy in ["--continuous", "--static"] {
-        let mut command = Command::new(batched);
-        command.arg("--model").arg(model).args(&tokenizer_args).arg(policy);
-        command.args(["--max-batch", &BATCHING_SLOTS.to_string(), "--prompts-file"]).arg(&file);
-        let stdout = capture(&mut command)?;
+    Ok(file)
+}
+
+/// One run of a batching chapter over a prompts file, `BATCHING_SLOTS` at a time.
+struct BatchedRun<'a> {
+    binary: &'a Path,
+    model: &'a Path,
+    tokenizer: Option<&'a Path>,
+    file: &'a Path,
+    /// The policy, and any more options (chapter 10's pool size).
+    args: &'a [&'a str],
+}
+
+impl BatchedRun<'_> {
+    /// Every request's greedy ids against chapter 8's for that request alone: the same ids,
+    /// request by request, except the `rejected` ones, which must be refused with their
+    /// message and no answer. Chapter 10's runs add `--stats`: the pool must end with every
+    /// page free.
+    fn agreement(&self, workload: &[BatchRequest], expected: &[Vec<u32>], rejected: &[usize]) -> Result<Row> {
+        let name = self.binary.file_name().unwrap().to_string_lossy().into_owned();
+        let paged = name.starts_with("ch10");
+        let mut command = Command::new(self.binary);
+        command.arg("--model").arg(self.model).args(self.args);
+        if let Some(tokenizer) = self.tokenizer {
+            command.arg("--tokenizer").arg(tokenizer);
+        }
+        command.args(["--max-batch", &BATCHING_SLOTS.to_string(), "--prompts-file"]).arg(self.file);
+        if paged {
+            command.arg("--stats");
+        }
+        println!("gpu-check: {command:?}");
+        let output = command.output().with_context(|| format!("cannot run {command:?}"))?;
+        let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         let mut got: Vec<Option<Vec<u32>>> = vec![None; workload.len()];
         for line in stdout.lines() {
             let Some((request, ids)) = line.strip_prefix("request ").and_then(|rest| rest.split_once(" ids: ")) else {
@@ -529,25 +604,51 @@ fn batching_agreement(
             ensure!(index < got.len() && got[index].is_none(), "request {index} was answered twice or is unknown");
             got[index] = Some(parse_ids(ids)?);
         }
-        let differing: Vec<usize> = (0..workload.len()).filter(|&i| got[i].as_ref() != Some(&expected[i])).collect();
-        let end_tokens = expected.iter().filter(|ids| ids.last().is_some_and(|&id| id >= 128_000)).count();
+        let served = |i: &usize| !rejected.contains(i);
+        let differing: Vec<usize> =
+            (0..workload.len()).filter(served).filter(|&i| got[i].as_ref() != Some(&expected[i])).collect();
+        let refused = rejected.iter().all(|&i| {
+            got[i].is_none() && stderr.contains(&format!("error: request {i} rejected"))
+        }) && (rejected.is_empty() == output.status.success());
+        let end_tokens = (0..workload.len())
+            .filter(served)
+            .filter(|&i| expected[i].last().is_some_and(|&id| id >= 128_000))
+            .count();
         let first = differing.first().map_or(String::new(), |&i| {
             let ours = got[i].as_ref().map_or(0, |ids| ids.len());
             format!(" (first: request {i}, {ours} ids batched, {} alone)", expected[i].len())
         });
-        rows.push(Row {
-            chapter: "ch09-batching".into(),
-            what: format!("greedy ids of every request vs chapter 8's alone, {}: {describe}", &policy[2..]),
-            measured: format!(
-                "{} of {} requests differ{first}; {end_tokens} stopped at an end token",
-                differing.len(),
-                workload.len()
-            ),
-            limit: "0".into(),
-            verdict: if differing.is_empty() && end_tokens > 0 { "PASS" } else { "FAIL" }.into(),
-        });
+        let stat = |label: &str| stdout.lines().find_map(|l| l.trim().strip_prefix(label)).map(str::to_string);
+        let waits = stat("admission waits: ").unwrap_or_default();
+        let free = stat("free pages at the end: ").unwrap_or_default();
+        let pages_back = !paged || free.contains("none leaked");
+        // A small pool must make requests wait, or it tests nothing beyond the default one.
+        let waited = !self.args.contains(&"--kv-cache-mib") || waits.parse::<usize>().is_ok_and(|w| w > 0);
+        let mut measured =
+            format!("{} of {} requests differ{first}; {end_tokens} stopped at an end token", differing.len(), workload.len() - rejected.len());
+        if !rejected.is_empty() {
+            measured += &format!("; request {rejected:?} rejected: {}", if refused { "yes" } else { "NO" });
+        }
+        if paged {
+            measured += &format!("; {waits} admission waits; free pages at the end {free}");
+        }
+        let lengths: Vec<usize> = workload.iter().map(|r| r.prompt.split(' ').count()).collect();
+        let budgets: Vec<usize> = workload.iter().map(|r| r.max_new_tokens).collect();
+        let what = format!(
+            "greedy ids of every request vs chapter 8's alone, {}: {} requests of {}-{} words and budgets {}-{}, {BATCHING_SLOTS} at a time",
+            self.args.join(" ").trim_start_matches("--"),
+            workload.len(),
+            lengths.iter().min().unwrap_or(&0),
+            lengths.iter().max().unwrap_or(&0),
+            budgets.iter().min().unwrap_or(&0),
+            budgets.iter().max().unwrap_or(&0)
+        );
+        let pass = differing.is_empty() && end_tokens > 0 && refused && pages_back && waited;
+        if !pass && !output.status.success() && rejected.is_empty() {
+            eprint!("{stderr}");
+        }
+        Ok(Row { chapter: name, what, measured, limit: "0".into(), verdict: if pass { "PASS" } else { "FAIL" }.into() })
     }
-    Ok(rows)
 }
 
 /// Tokens generated per prompt, compared with the engine's.
