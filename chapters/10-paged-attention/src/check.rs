@@ -16,9 +16,9 @@ use half::bf16;
 use llama_reference::{LayerCache, Matrix};
 
 use crate::kv_cache::KvCache;
-use crate::page_pool::pages_for;
 use crate::model::{ATTENTION_ROUNDINGS, MLP_ROUNDINGS, Model, Moment, Sublayer};
 use crate::ops;
+use crate::page_pool::pages_for;
 use crate::scheduler::StepBatch;
 use crate::serve::Response;
 
@@ -311,7 +311,9 @@ fn check_request(
 
     let mut watch = SublayerWatch::new(reference, ids.len());
     with_own_pool(model, ids.len(), |model, block_table| {
-        model.forward_with_hook(block_table, ids, |model, layer, sublayer, moment| watch.see(model, layer, sublayer, moment))
+        model.forward_with_hook(block_table, ids, |model, layer, sublayer, moment| {
+            watch.see(model, layer, sublayer, moment)
+        })
     })?;
     // Chapter 3's check: the embedding rows are copies, exact.
     let what = format!("{request}: embedding rows of {} prompt tokens", ids.len());
@@ -351,7 +353,9 @@ fn check_request(
         // Chapter 10's own: what its pages held, gathered through its block table just before
         // they went back, against chapter 8's contiguous cache of the same request decoded alone.
         let positions = ids.len() + generated - 1;
-        let what = format!("{request}: keys and values of {positions} positions in every layer, gathered through its block table vs decoded alone");
+        let what = format!(
+            "{request}: keys and values of {positions} positions in every layer, gathered through its block table vs decoded alone"
+        );
         compare_cached_kv(checks, &what, &response.cached_kv, &alone_kv, logits_limit);
         // ANCHOR_END: check_pages
     }
@@ -422,7 +426,11 @@ fn compare_cached_kv(checks: &mut Checks, what: &str, paged: &[LayerKv], contigu
         if gathered.len() == expected.len() {
             measure(&gathered, &expected)
         } else {
-            Error { max_abs: f32::INFINITY, relative: f32::INFINITY, nan_count: gathered.len().abs_diff(expected.len()) }
+            Error {
+                max_abs: f32::INFINITY,
+                relative: f32::INFINITY,
+                nan_count: gathered.len().abs_diff(expected.len()),
+            }
         }
     });
     let worst = errors

@@ -297,7 +297,8 @@ pub fn resolve_model_dir(model: &Path) -> Result<PathBuf> {
     let synth = llama_reference::synth::SynthConfig::OneB;
     llama_reference::synth::write_checkpoint(synth, SYNTHETIC_SEED, &partial)
         .with_context(|| format!("cannot write the synthetic checkpoint into {}", partial.display()))?;
-    std::fs::rename(&partial, &dir).with_context(|| format!("cannot rename {} to {}", partial.display(), dir.display()))?;
+    std::fs::rename(&partial, &dir)
+        .with_context(|| format!("cannot rename {} to {}", partial.display(), dir.display()))?;
     println!("        written in {:.0} s", start.elapsed().as_secs_f64());
     Ok(dir)
 }

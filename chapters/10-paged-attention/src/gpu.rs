@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, anyhow, bail};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
 use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtrMut, DeviceRepr};
 use cudarc::nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts};
 
 // ANCHOR: open_gpu

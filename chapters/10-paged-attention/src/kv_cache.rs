@@ -120,7 +120,13 @@ impl KvCache {
     /// Layer `layer`'s keys and values of positions `0..positions` of the sequence with
     /// `block_table`, gathered page by page into the host as one contiguous matrix each
     /// (`[positions, row_width]`): chapter 8's cache, for `--check` to compare.
-    pub fn gather(&self, gpu: &Gpu, layer: usize, block_table: &[u32], positions: usize) -> Result<(Vec<bf16>, Vec<bf16>)> {
+    pub fn gather(
+        &self,
+        gpu: &Gpu,
+        layer: usize,
+        block_table: &[u32],
+        positions: usize,
+    ) -> Result<(Vec<bf16>, Vec<bf16>)> {
         ensure!(positions <= block_table.len() * PAGE_SIZE, "{positions} positions, but {} pages", block_table.len());
         let (mut keys, mut values) = (Vec::with_capacity(positions * self.row_width), Vec::new());
         values.reserve(positions * self.row_width);

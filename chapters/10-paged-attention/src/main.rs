@@ -16,14 +16,14 @@ use ch10_paged_attention::config::Config;
 use ch10_paged_attention::generate::Stop;
 use ch10_paged_attention::gpu::{self, Gpu};
 use ch10_paged_attention::model::Model;
+use ch10_paged_attention::page_pool::{PAGE_SIZE, pages_for};
 use ch10_paged_attention::requests::{self, Request, RequestText};
 use ch10_paged_attention::scheduler::Policy;
+use ch10_paged_attention::serve::Summary;
 use ch10_paged_attention::serve::{self, Response};
 use ch10_paged_attention::tokenizer::Tokenizer;
 use ch10_paged_attention::tokenizer::commands::{self, Command, join_ids};
 use ch10_paged_attention::weights::{self, Weights};
-use ch10_paged_attention::page_pool::{PAGE_SIZE, pages_for};
-use ch10_paged_attention::serve::Summary;
 use ch10_paged_attention::{check, generate, kv_cache, ops, rope};
 
 // ANCHOR: cli

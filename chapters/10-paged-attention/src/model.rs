@@ -216,16 +216,35 @@ impl Activations {
 impl Model {
     /// A model with a pool of `pages` pages for sequences of up to `context` positions, and
     /// buffers for a prompt of `context` tokens or a decode step of `max_batch` rows.
-    pub fn new(gpu: Gpu, weights: Weights, config: Config, context: usize, max_batch: usize, pages: usize) -> Result<Self> {
+    pub fn new(
+        gpu: Gpu,
+        weights: Weights,
+        config: Config,
+        context: usize,
+        max_batch: usize,
+        pages: usize,
+    ) -> Result<Self> {
         let max_rows = context.max(max_batch);
         let act = Activations::new(&gpu, &config, max_rows, max_batch)?;
         let inv_freq = gpu.stream.clone_htod(&rope::inverse_frequencies(&config))?;
         let cache = KvCache::new(&gpu, &config, pages)?;
         let batch = BatchBuffers::new(&gpu, max_batch, pages_for(context), max_rows)?;
         let pass = Pass::Decode;
-        Ok(Model { gpu, weights, config, act, inv_freq, cache, batch, context, split_kv: true, rows: 0, longest_pages: 0, pass })
+        Ok(Model {
+            gpu,
+            weights,
+            config,
+            act,
+            inv_freq,
+            cache,
+            batch,
+            context,
+            split_kv: true,
+            rows: 0,
+            longest_pages: 0,
+            pass,
+        })
     }
-
 
     // ANCHOR: embed_tokens
     /// Copies the token ids to the GPU and gathers their embedding rows into `x`.
@@ -494,7 +513,10 @@ impl Model {
         for (row, &position) in batch.positions.iter().enumerate() {
             let held = &batch.block_tables[row * width..][..pages_for(position as usize + 1).min(width)];
             ensure!((position as usize) < width * PAGE_SIZE, "position {position} is past a sequence's {width} pages");
-            ensure!(held.iter().all(|&page| (page as usize) < pages), "a block table names a page past the pool's {pages}");
+            ensure!(
+                held.iter().all(|&page| (page as usize) < pages),
+                "a block table names a page past the pool's {pages}"
+            );
         }
         Ok(())
     }

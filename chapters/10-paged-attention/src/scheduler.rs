@@ -216,7 +216,8 @@ impl Scheduler {
             block_table.extend((0..pages_for(demand.prompt)).map(|_| self.pool.take()));
             let admitted_at = self.steps;
             // Held until `finish`: a slot is never given to two requests.
-            let running = Running { request, cached: 0, last_token: 0, admitted_at, block_table, reserved: demand.pages };
+            let running =
+                Running { request, cached: 0, last_token: 0, admitted_at, block_table, reserved: demand.pages };
             self.slots[slot] = Some(running);
             self.peak_assigned_pages = self.peak_assigned_pages.max(self.pool.assigned());
             admitted.push((request, slot));

@@ -248,8 +248,11 @@ impl<F: FnMut(Response) -> Result<()>> Serving<'_, F> {
 
     fn summary(self) -> Summary {
         let scheduler = &self.scheduler;
-        let rejected =
-            scheduler.rejected.iter().map(|&request| Rejected { request, pages: scheduler.demand(request).pages }).collect();
+        let rejected = scheduler
+            .rejected
+            .iter()
+            .map(|&request| Rejected { request, pages: scheduler.demand(request).pages })
+            .collect();
         let served = (0..self.requests.len()).filter(|r| !scheduler.rejected.contains(r));
         Summary {
             requests: served.clone().count(),
@@ -310,7 +313,11 @@ impl Summary {
         let share = 100.0 * self.peak_assigned_pages as f64 / pool as f64;
         println!("        peak assigned pages: {} of {pool} ({share:.1}%)", self.peak_assigned_pages);
         println!("        admission waits: {}", self.admission_waits);
-        let leaked = if self.free_pages == pool { "none leaked".to_string() } else { format!("{} LEAKED", pool - self.free_pages) };
+        let leaked = if self.free_pages == pool {
+            "none leaked".to_string()
+        } else {
+            format!("{} LEAKED", pool - self.free_pages)
+        };
         println!("        free pages at the end: {} of {pool} ({leaked})", self.free_pages);
     }
     // ANCHOR_END: stats

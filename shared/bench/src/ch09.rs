@@ -22,8 +22,9 @@ use ch09_batching::serve;
 use ch09_batching::weights::Weights;
 use cudarc::driver::CudaContext;
 
+use crate::figures;
 use crate::memory::MemoryWatch;
-use crate::record::{Measurement, Part, median, repeat};
+use crate::record::{Measurement, Part, repeat};
 use crate::workload::{self, Workloads};
 
 pub const SYSTEM: &str = "ch09-batching";
@@ -107,44 +108,15 @@ pub fn measure(
     let mut memory = MemoryWatch::new(ctx)?;
     let (mut model, seconds, checkpoint) = load(ctx, model_dir, runs)?;
     memory.sample()?;
-    let bytes: usize = checkpoint.tensors.iter().map(|t| t.bytes.len()).sum();
     let tensors: Vec<(&str, usize)> = checkpoint.tensors.iter().map(|t| (t.name.as_str(), t.bytes.len())).collect();
     let config = &model.config;
     let q_width = config.num_attention_heads * config.head_dim;
     crate::facts::describe_model(&tensors, config.tie_word_embeddings, config.num_hidden_layers, q_width, part);
-    let detail = "open and validate the files, allocate and copy every tensor; page cache warm";
-    let load = Measurement::of_runs("load_s", "s", seconds, detail);
-    let rate = bytes as f64 / 1e9 / load.value;
-    part.push(load);
-    part.push(Measurement::derived("load_gb_per_s", "GB/s", rate, &format!("{:.2} GB of tensors", bytes as f64 / 1e9)));
+    figures::load(seconds, &tensors, part);
     part.note("context", model.cache.capacity);
     part.note("slots", SLOTS);
 
-    let single = &workloads.single;
-    let (mut first, mut step) = (Vec::new(), Vec::new());
-    run_alone(&mut model, single)?;
-    for _ in 0..runs {
-        let (f, s) = run_alone(&mut model, single)?;
-        first.push(f * 1e3);
-        step.push(s * 1e3);
-    }
-    let what = format!("prompt {}, {} generated; host clock", single.prompt.len(), single.new_tokens);
-    let step = Measurement::of_runs("decode_step_ms", "ms", step, &format!("{what}, each step waits for its token"));
-    part.push(Measurement::derived("decode_tokens_per_s", "tokens/s", 1e3 / step.value, "1 / decode_step_ms"));
-    part.push(step);
-    part.push(Measurement::of_runs("ttft_ms", "ms", first, &format!("{what}: prefill and the first token")));
-
-    let prefill = &workloads.prefill;
-    let times = repeat(runs, || Ok(run_alone(&mut model, prefill)?.0 * 1e3))?;
-    let prefill_ms = median(&times);
-    part.push(Measurement::of_runs(
-        "prefill_ms",
-        "ms",
-        times,
-        &format!("one {}-token prompt to its first token", prefill.prompt.len()),
-    ));
-    let rate = prefill.prompt.len() as f64 / (prefill_ms / 1e3);
-    part.push(Measurement::derived("prefill_tokens_per_s", "tokens/s", rate, "prompt tokens / prefill_ms"));
+    figures::single_sequence(workloads, runs, part, |item| run_alone(&mut model, item))?;
 
     // The step time as the batch grows: every slot of the batch full, its sequences at
     // about 130 positions, the step's token chosen and copied back as in serving.
@@ -201,12 +173,7 @@ pub fn measure(
         "device memory taken from the start of the run, the KV cache of {SLOTS} slots ({:.0} MiB) included",
         cache as f64 / 1048576.0
     );
-    part.push(Measurement::derived(
-        "peak_memory_gib",
-        "GiB",
-        memory.peak_bytes() as f64 / (1u64 << 30) as f64,
-        &detail,
-    ));
+    part.push(memory.peak_figure(&detail));
     Ok(())
 }
 

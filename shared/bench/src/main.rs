@@ -5,7 +5,9 @@
 mod ceilings;
 mod ch08;
 mod ch09;
+mod ch10;
 mod facts;
+mod figures;
 mod memory;
 mod profiler;
 mod record;
@@ -21,6 +23,9 @@ use cudarc::driver::CudaContext;
 
 use record::Part;
 use workload::Workloads;
+
+/// The chapters this binary measures.
+const CHAPTERS: [&str; 3] = [ch08::SYSTEM, ch09::SYSTEM, ch10::SYSTEM];
 
 #[derive(Parser)]
 #[command(version, about = "Measures the chapters and the GPU's ceilings; writes JSON for `cargo x bench`")]
@@ -106,7 +111,8 @@ fn run(command: Command) -> Result<()> {
             match chapter.as_str() {
                 ch08::SYSTEM => ch08::measure(&ctx, &model, &workloads, runs, &mut part)?,
                 ch09::SYSTEM => ch09::measure(&ctx, &model, &workloads, runs, &mut part)?,
-                other => bail!("no benchmark for chapter {other:?} (known: {}, {})", ch08::SYSTEM, ch09::SYSTEM),
+                ch10::SYSTEM => ch10::measure(&ctx, &model, &workloads, runs, &mut part)?,
+                other => bail!("no benchmark for chapter {other:?} (known: {})", CHAPTERS.join(", ")),
             }
             part.write(&out)?;
         }
@@ -117,7 +123,8 @@ fn run(command: Command) -> Result<()> {
                 ch08::SYSTEM if batch == 1 => ch08::profile(&ctx, &model, &workloads, steps)?,
                 ch08::SYSTEM => bail!("chapter 8 decodes one sequence at a time: --batch 1 only"),
                 ch09::SYSTEM => ch09::profile(&ctx, &model, &workloads, steps, batch)?,
-                other => bail!("no benchmark for chapter {other:?} (known: {}, {})", ch08::SYSTEM, ch09::SYSTEM),
+                ch10::SYSTEM => ch10::profile(&ctx, &model, &workloads, steps, batch)?,
+                other => bail!("no benchmark for chapter {other:?} (known: {})", CHAPTERS.join(", ")),
             }
         }
     }

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use anyhow::Result;
 use cudarc::driver::CudaContext;
 
+use crate::record::Measurement;
+
 pub struct MemoryWatch {
     ctx: Arc<CudaContext>,
     /// Free bytes before the run allocated anything (the context itself excluded).
@@ -26,7 +28,9 @@ impl MemoryWatch {
         Ok(())
     }
 
-    pub fn peak_bytes(&self) -> usize {
-        self.baseline_free - self.lowest_free
+    /// The peak of the samples so far as the figure `peak_memory_gib`; `detail` says what it includes.
+    pub fn peak_figure(&self, detail: &str) -> Measurement {
+        let bytes = self.baseline_free - self.lowest_free;
+        Measurement::derived("peak_memory_gib", "GiB", bytes as f64 / (1u64 << 30) as f64, detail)
     }
 }

@@ -86,7 +86,7 @@ pub struct Args {
     /// Only merge the parts already in DIR into a report (no GPU needed).
     #[arg(long, value_name = "DIR", conflicts_with = "plot")]
     report: Option<PathBuf>,
-    /// Only draw the slot timeline that `ch09-batching --timeline FILE` wrote, as FILE's name with .svg.
+    /// Only draw the slot timeline that a chapter's `--timeline FILE` wrote (chapter 9 on), as FILE's name with .svg.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["report", "plot"])]
     timeline: Option<PathBuf>,
     /// Only write the table (NAME.md) and the plots (NAME-*.svg) of a report NAME.json beside it.

@@ -148,10 +148,17 @@ enum Better {
 }
 
 /// The table's rows: figure, label, which way is better.
-const ROWS: [(&str, &str, Better); 20] = [
+const ROWS: [(&str, &str, Better); 24] = [
     ("decode_step_ms", "decode step, batch 1 (ms)", Better::Lower),
     ("decode_tokens_per_s", "decode, batch 1 (tokens/s)", Better::Higher),
     ("ttft_ms", "time to first token, 32-token prompt (ms)", Better::Lower),
+    ("decode_step_ms_whole", "decode step, batch 1, no flash-decoding (ms)", Better::Lower),
+    ("decode_step_ms_long_split", "decode step, batch 1, at positions 2,016–2,047 (ms)", Better::Lower),
+    (
+        "decode_step_ms_long_whole",
+        "decode step, batch 1, at positions 2,016–2,047, no flash-decoding (ms)",
+        Better::Lower,
+    ),
     ("decode_step_ms_batch_8", "decode step, batch 8 (ms)", Better::Lower),
     ("decode_step_ms_batch_32", "decode step, batch 32 (ms)", Better::Lower),
     ("decode_step_ms_batch_128", "decode step, batch 128 (ms)", Better::Lower),
@@ -162,6 +169,7 @@ const ROWS: [(&str, &str, Better); 20] = [
     ("throughput_concurrent_256", "throughput, 256 requests (tokens/s)", Better::Higher),
     ("throughput_mixed", "throughput, mixed 64 requests (tokens/s)", Better::Higher),
     ("throughput_mixed_static", "throughput, mixed 64 requests, static batching (tokens/s)", Better::Higher),
+    ("throughput_mixed_pool_128mib", "throughput, mixed 64 requests, 128 MiB KV cache (tokens/s)", Better::Higher),
     ("prefill_ms", "prefill, 2,047-token prompt (ms)", Better::Lower),
     ("prefill_tokens_per_s", "prefill (tokens/s)", Better::Higher),
     ("load_s", "weight load, file to GPU (s)", Better::Lower),
@@ -742,6 +750,27 @@ mod tests {
         // Rows nobody measured are left out; memory is a ratio of sizes, not a speed-up.
         assert!(!table.contains("256 requests"));
         assert!(table.contains("| peak GPU memory (GiB) | 3.00 | 2.50 (e) | — | 1.20× the memory |"));
+    }
+
+    #[test]
+    fn a_later_chapter_is_a_column_of_its_own_and_the_one_compared() {
+        let mut report = sample();
+        let figures = [("decode_step_ms", 1.5), ("decode_step_ms_long_whole", 3.0), ("throughput_concurrent_8", 900.0)];
+        report.parts.push(part("ch10-paged-attention", "", &figures, &[]));
+        let table = markdown(&report);
+        let row = |start: &str| table.lines().find(|l| l.starts_with(start)).unwrap_or_default();
+        let header = "| figure | ch08-kv-cache | ch10-paged-attention | transformers | limit | ch10-paged-attention vs";
+        assert!(row("| figure |").starts_with(header), "{table}");
+        assert_eq!(
+            row("| decode step, batch 1 (ms)"),
+            "| decode step, batch 1 (ms) | 2.00 | 1.50 | 10.0 (c) | 0.600 | 6.67× |"
+        );
+        // A figure only the later chapter measures is a row, empty elsewhere; one nobody
+        // measured is none.
+        let long = row("| decode step, batch 1, at positions 2,016–2,047, no flash-decoding (ms)");
+        assert!(long.ends_with("| — | 3.00 | — | — | — |"), "{table}");
+        assert!(row("| decode step, batch 1, at positions 2,016–2,047 (ms)").is_empty(), "{table}");
+        assert!(throughput_plot(&report).contains("ch10-paged-attention"));
     }
 
     #[test]

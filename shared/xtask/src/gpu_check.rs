@@ -169,7 +169,9 @@ pub fn run(args: Args) -> Result<()> {
             // Chapter 10 again in a pool of 8 pages, where one request runs at a time and the
             // others wait for its pages, and with decode attention never split across blocks.
             if folder.starts_with("10") {
-                for (extra, label) in [(&["--kv-cache-mib", "4"][..], "4 MiB pool"), (&["--no-split-kv"][..], "no split")] {
+                for (extra, label) in
+                    [(&["--kv-cache-mib", "4"][..], "4 MiB pool"), (&["--no-split-kv"][..], "no split")]
+                {
                     let mut args = check_args(folder, &model, tokenizer, &prompt, None);
                     args.extend(extra.iter().map(|a| a.to_string()));
                     let checked = run_chapter(&name, &binary, &args)?;
@@ -607,13 +609,11 @@ impl BatchedRun<'_> {
         let served = |i: &usize| !rejected.contains(i);
         let differing: Vec<usize> =
             (0..workload.len()).filter(served).filter(|&i| got[i].as_ref() != Some(&expected[i])).collect();
-        let refused = rejected.iter().all(|&i| {
-            got[i].is_none() && stderr.contains(&format!("error: request {i} rejected"))
-        }) && (rejected.is_empty() == output.status.success());
-        let end_tokens = (0..workload.len())
-            .filter(served)
-            .filter(|&i| expected[i].last().is_some_and(|&id| id >= 128_000))
-            .count();
+        let refused =
+            rejected.iter().all(|&i| got[i].is_none() && stderr.contains(&format!("error: request {i} rejected")))
+                && (rejected.is_empty() == output.status.success());
+        let end_tokens =
+            (0..workload.len()).filter(served).filter(|&i| expected[i].last().is_some_and(|&id| id >= 128_000)).count();
         let first = differing.first().map_or(String::new(), |&i| {
             let ours = got[i].as_ref().map_or(0, |ids| ids.len());
             format!(" (first: request {i}, {ours} ids batched, {} alone)", expected[i].len())
@@ -624,8 +624,11 @@ impl BatchedRun<'_> {
         let pages_back = !paged || free.contains("none leaked");
         // A small pool must make requests wait, or it tests nothing beyond the default one.
         let waited = !self.args.contains(&"--kv-cache-mib") || waits.parse::<usize>().is_ok_and(|w| w > 0);
-        let mut measured =
-            format!("{} of {} requests differ{first}; {end_tokens} stopped at an end token", differing.len(), workload.len() - rejected.len());
+        let mut measured = format!(
+            "{} of {} requests differ{first}; {end_tokens} stopped at an end token",
+            differing.len(),
+            workload.len() - rejected.len()
+        );
         if !rejected.is_empty() {
             measured += &format!("; request {rejected:?} rejected: {}", if refused { "yes" } else { "NO" });
         }
