@@ -18,7 +18,7 @@ use ch10_paged_attention::gpu::{self, Gpu};
 use ch10_paged_attention::model::Model;
 use ch10_paged_attention::page_pool::{PAGE_SIZE, pages_for};
 use ch10_paged_attention::requests::{self, Request, RequestText};
-use ch10_paged_attention::scheduler::Policy;
+use ch10_paged_attention::scheduler::{Admission, Policy};
 use ch10_paged_attention::serve::Summary;
 use ch10_paged_attention::serve::{self, Response};
 use ch10_paged_attention::tokenizer::Tokenizer;
@@ -60,8 +60,8 @@ struct Cli {
     /// A system prompt to put before each user's prompt (a prompts file's own `system` wins).
     #[arg(long, value_name = "TEXT")]
     system: Option<String>,
-    /// The most positions a sequence may hold, prompt and generated tokens together: each
-    /// slot's share of the KV cache [default: 2048, or less when the model or the kernels allow less].
+    /// The most positions a sequence may hold, prompt and generated tokens together: the
+    /// width of its block table [default: 2048, or less when the model or the kernels allow less].
     #[arg(long, value_name = "N")]
     max_context: Option<usize>,
     /// Static batching: admit a group of requests, as many as fit, when none runs, and wait
@@ -71,6 +71,11 @@ struct Cli {
     /// Continuous batching (the default): admit the next request as soon as its pages fit.
     #[arg(long)]
     continuous: bool,
+    /// What a request reserves when admitted: `conservative`, pages for its whole budget (it
+    /// can always finish); `optimistic`, the pages of its prompt only (more run at once, and
+    /// when the pool runs dry the latest admitted is preempted and later recomputed).
+    #[arg(long, value_enum, default_value_t = AdmissionArg::Conservative)]
+    admission: AdmissionArg,
     /// The KV cache: one pool of this many MiB, shared by every request, in pages of 16 positions.
     #[arg(long, value_name = "N", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
     kv_cache_mib: u32,
@@ -108,6 +113,13 @@ struct Cli {
     more_prompts: Vec<String>,
 }
 // ANCHOR_END: cli
+
+/// `--admission`'s values (the scheduler's `Admission` knows nothing of the command line).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum AdmissionArg {
+    Conservative,
+    Optimistic,
+}
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
@@ -231,7 +243,11 @@ fn run(cli: Cli) -> Result<()> {
     // --check samples the first request and the last, which runs beside others' ends.
     let sampled: Vec<usize> = if cli.check { vec![0, requests.len() - 1] } else { Vec::new() };
     let mut kept: Vec<Response> = Vec::new();
-    let summary = serve::serve(&mut model, &requests, policy, slots, &sampled, |response| {
+    let admission = match cli.admission {
+        AdmissionArg::Conservative => Admission::Conservative,
+        AdmissionArg::Optimistic => Admission::Optimistic,
+    };
+    let summary = serve::serve(&mut model, &requests, policy, admission, slots, &sampled, |response| {
         if !cli.quiet {
             print_response(&tokenizer, &response)?;
         }

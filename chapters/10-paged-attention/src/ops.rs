@@ -552,3 +552,25 @@ pub fn argmax(gpu: &Gpu, logits: &CudaView<f32>, out: &mut CudaViewMut<u32>, voc
     Ok(())
 }
 // ANCHOR_END: argmax
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_sequence_alone_is_split_and_a_large_batch_is_not() {
+        // One sequence of 2,000 positions (125 pages) of Llama 3.2 1B (8 KV heads) on an
+        // H200's 132 multiprocessors: 8 blocks unsplit; 15 splits wanted, of 9 pages, so 14.
+        assert_eq!(Split::choose(1, 125, 8, 132), Split { splits: 14, pages_per_split: 9 });
+        assert_eq!(Split::choose(33, 125, 8, 132), Split::whole(125), "264 blocks fill the GPU twice already");
+        assert_eq!(Split::choose(1, 7, 8, 132), Split::whole(7), "too short to split");
+        for rows in 1..40 {
+            for pages in 1..=128 {
+                let split = Split::choose(rows, pages, 8, 132);
+                assert!(split.splits <= MAX_SPLITS);
+                assert!(split.splits * split.pages_per_split >= pages, "{split:?} misses pages of {pages}");
+                assert!((split.splits - 1) * split.pages_per_split < pages, "{split:?} has an empty split");
+            }
+        }
+    }
+}

@@ -31,6 +31,21 @@ pub enum Policy {
     Continuous,
 }
 
+// ANCHOR: admission
+/// What a request reserves when it is admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Credits for the longest sequence it can become, so that it always has room to finish:
+    /// no request is ever preempted, but a generous budget holds pages it may never use.
+    Conservative,
+    /// Only the pages its prefix needs now. A sequence that needs a page when none is free
+    /// takes one from the most recently admitted running request, which is *preempted*: its
+    /// pages go back, it returns to the front of the queue with the tokens it generated, and
+    /// on its next admission its prefix (prompt and tokens) is recomputed by a prefill.
+    Optimistic,
+}
+// ANCHOR_END: admission
+
 // ANCHOR: demand
 /// What a request asks of the pool: its prompt's length, and the credits it reserves for
 /// the longest sequence it can become (see [`Demand::new`]).
@@ -66,6 +81,8 @@ pub struct Running {
     pub block_table: Vec<u32>,
     /// Credits it reserved: the most pages it may take.
     pub reserved: usize,
+    /// Its place in the order of admissions (later admissions are preempted first).
+    pub admission: usize,
 }
 
 /// Which request held which slot, from the decode step it was admitted before to the one
@@ -143,6 +160,7 @@ impl StepBatch {
 // ANCHOR: scheduler
 pub struct Scheduler {
     policy: Policy,
+    admission: Admission,
     /// What each request asks of the pool.
     demands: Vec<Demand>,
     /// Requests not yet admitted, oldest first.
@@ -162,6 +180,15 @@ pub struct Scheduler {
     waiting_head: Option<usize>,
     /// Requests that need more pages than the pool holds, in the order they were refused.
     pub rejected: Vec<usize>,
+    /// Tokens each request generated before it was last preempted (0 if never): its prefix
+    /// is the prompt and these, recomputed when it is admitted again.
+    generated: Vec<usize>,
+    /// Admissions so far, and preemptions, and prefix tokens prefilled again on resuming.
+    admissions: usize,
+    pub preemptions: usize,
+    pub recomputed_tokens: usize,
+    /// Pages given back by preemptions since the engine last took them (to poison under `--check`).
+    pub released: Vec<u32>,
     /// Every finished request's stay in its slot, for `--timeline`.
     pub timeline: Vec<Occupancy>,
 }
@@ -169,10 +196,16 @@ pub struct Scheduler {
 impl Scheduler {
     /// A scheduler for requests `0..demands.len()`, queued in that order, in `max_batch`
     /// slots and a pool of `pages` pages.
-    pub fn new(policy: Policy, max_batch: usize, pages: usize, demands: Vec<Demand>) -> Self {
+    pub fn new(policy: Policy, admission: Admission, max_batch: usize, pages: usize, demands: Vec<Demand>) -> Self {
         assert!(max_batch > 0, "at least one slot");
         Scheduler {
             policy,
+            admission,
+            generated: vec![0; demands.len()],
+            admissions: 0,
+            preemptions: 0,
+            recomputed_tokens: 0,
+            released: Vec::new(),
             queue: (0..demands.len()).collect(),
             demands,
             slots: vec![None; max_batch],
@@ -203,8 +236,12 @@ impl Scheduler {
         let mut admitted = Vec::new();
         while let Some(slot) = self.slots.iter().position(Option::is_none) {
             let Some(request) = self.next_that_can_run() else { break };
-            let demand = self.demands[request];
-            if !self.pool.reserve(demand.pages) {
+            let (demand, prefix) = (self.demands[request], self.prefix(request));
+            let credits = match self.admission {
+                Admission::Conservative => demand.pages,
+                Admission::Optimistic => pages_for(prefix),
+            };
+            if !self.pool.reserve(credits) {
                 if self.waiting_head != Some(request) {
                     self.waiting_head = Some(request);
                     self.admission_waits += 1;
@@ -212,12 +249,16 @@ impl Scheduler {
                 break;
             }
             self.queue.pop_front();
+            if self.generated[request] > 0 {
+                self.recomputed_tokens += prefix;
+            }
             let mut block_table = Vec::with_capacity(demand.pages);
-            block_table.extend((0..pages_for(demand.prompt)).map(|_| self.pool.take()));
-            let admitted_at = self.steps;
+            block_table.extend((0..pages_for(prefix)).map(|_| self.pool.take()));
+            let (admitted_at, admission) = (self.steps, self.admissions);
+            self.admissions += 1;
             // Held until `finish`: a slot is never given to two requests.
             let running =
-                Running { request, cached: 0, last_token: 0, admitted_at, block_table, reserved: demand.pages };
+                Running { request, cached: 0, last_token: 0, admitted_at, block_table, reserved: credits, admission };
             self.slots[slot] = Some(running);
             self.peak_assigned_pages = self.peak_assigned_pages.max(self.pool.assigned());
             admitted.push((request, slot));
@@ -241,6 +282,12 @@ impl Scheduler {
     /// What request `request` asked of the pool.
     pub fn demand(&self, request: usize) -> Demand {
         self.demands[request]
+    }
+
+    /// Positions a prefill of `request` fills: its prompt, and the tokens it generated
+    /// before it was preempted, if it was.
+    pub fn prefix(&self, request: usize) -> usize {
+        self.demands[request].prompt + self.generated[request]
     }
 
     /// The request in `slot` was prefilled: its cache holds `cached` positions and
@@ -284,6 +331,9 @@ impl Scheduler {
     /// vectors have room for every slot), and counts the step. A sequence whose next
     /// position starts a page takes a page first, covered by its credits.
     pub fn step_batch(&mut self, batch: &mut StepBatch) {
+        if self.admission == Admission::Optimistic {
+            self.make_room();
+        }
         batch.slots.clear();
         batch.ids.clear();
         batch.positions.clear();
@@ -303,6 +353,45 @@ impl Scheduler {
         self.largest_batch = self.largest_batch.max(batch.len());
     }
     // ANCHOR_END: step_batch_fill
+
+    // ANCHOR: make_room
+    /// Optimistic admission, before a step: a credit for every sequence whose next position
+    /// starts a page, oldest admission first, preempting the latest admitted until one is
+    /// free. The oldest is never preempted for a younger one, and a request that fits the
+    /// pool alone can always finish once it is the oldest: no livelock.
+    fn make_room(&mut self) {
+        let mut needing: Vec<(usize, usize)> = (self.slots.iter().enumerate())
+            .filter_map(|(slot, r)| r.as_ref().map(|r| (r.admission, slot, r)))
+            .filter(|(_, _, r)| r.cached == r.block_table.len() * PAGE_SIZE && r.block_table.len() == r.reserved)
+            .map(|(admission, slot, _)| (admission, slot))
+            .collect();
+        needing.sort_unstable();
+        for (_, slot) in needing {
+            while self.slots[slot].is_some() && !self.pool.reserve(1) {
+                self.preempt_latest();
+            }
+            if let Some(running) = self.slots[slot].as_mut() {
+                running.reserved += 1;
+            }
+        }
+    }
+
+    /// Preempts the most recently admitted running request: its pages and credits go back,
+    /// and it waits at the front of the queue with the tokens it generated.
+    fn preempt_latest(&mut self) {
+        let slot = (0..self.slots.len())
+            .filter(|&s| self.slots[s].is_some())
+            .max_by_key(|&s| self.slots[s].as_ref().map(|r| r.admission))
+            .expect("a sequence needs a page, so one is running");
+        let mut running = self.slots[slot].take().expect("running");
+        // It cached the prompt and every token but its last, which it had not fed back yet.
+        self.generated[running.request] = running.cached + 1 - self.demands[running.request].prompt;
+        self.released.extend_from_slice(&running.block_table);
+        self.pool.release(&mut running.block_table, running.reserved);
+        self.queue.push_front(running.request);
+        self.preemptions += 1;
+    }
+    // ANCHOR_END: make_room
 
     /// After a decode step: the sequence in `slot` cached one more position and generated `token`.
     pub fn advance(&mut self, slot: usize, token: u32) {
@@ -383,7 +472,17 @@ mod tests {
 
     /// Runs the engine's loop against a fake model, checking the invariants at every step.
     fn simulate(policy: Policy, max_batch: usize, pages: usize, requests: &[Simulated]) -> (Trace, Scheduler) {
-        let mut scheduler = Scheduler::new(policy, max_batch, pages, demands(requests));
+        simulate_with(policy, Admission::Conservative, max_batch, pages, requests)
+    }
+
+    fn simulate_with(
+        policy: Policy,
+        admission: Admission,
+        max_batch: usize,
+        pages: usize,
+        requests: &[Simulated],
+    ) -> (Trace, Scheduler) {
+        let mut scheduler = Scheduler::new(policy, admission, max_batch, pages, demands(requests));
         let mut trace = Trace { generated: vec![0; requests.len()], ..Default::default() };
         let table_width = pages_for(1500 + 300);
         let mut batch = StepBatch::with_capacity(max_batch, table_width);
@@ -397,18 +496,25 @@ mod tests {
                 }
                 for (request, slot) in admitted {
                     trace.admitted.push(request);
-                    trace.generated[request] = 1; // the prefill's token
-                    if requests[request].generates == 1 {
+                    // A preempted request resumes with exactly the tokens it had.
+                    let prefix = requests[request].prompt + trace.generated[request];
+                    assert_eq!(scheduler.prefix(request), prefix, "request {request} resumed with other tokens");
+                    trace.generated[request] += 1; // the prefill's token
+                    if trace.generated[request] == requests[request].generates {
                         trace.finished.push(scheduler.finish(slot));
                     } else {
-                        scheduler.start(slot, requests[request].prompt, 7);
+                        scheduler.start(slot, prefix, 7);
                     }
                 }
             }
             check_pool(&scheduler);
             if let Some(&head) = scheduler.queue.front() {
                 let free_slot = scheduler.slots.iter().any(Option::is_none);
-                let fits = scheduler.demands[head].pages <= scheduler.pool.unreserved();
+                let credits = match admission {
+                    Admission::Conservative => scheduler.demands[head].pages,
+                    Admission::Optimistic => pages_for(scheduler.prefix(head)),
+                };
+                let fits = credits <= scheduler.pool.unreserved();
                 if policy == Policy::Continuous {
                     assert!(!(free_slot && fits), "request {head} fits and a slot is free, but it waits");
                 }
@@ -444,30 +550,89 @@ mod tests {
         (trace, scheduler)
     }
 
+    /// Each request's first admission, in order.
+    fn first_admissions(admitted: &[usize]) -> Vec<usize> {
+        let mut seen = HashSet::new();
+        admitted.iter().copied().filter(|&r| seen.insert(r)).collect()
+    }
+
     #[test]
     fn every_request_that_fits_finishes_once_in_fifo_order_and_every_page_comes_back() {
         let mut random = Random(0x5eed);
-        for policy in [Policy::Static, Policy::Continuous] {
-            // From one page (almost every request rejected) to more than the workload needs.
-            for (max_batch, pages) in [(1, 1), (3, 20), (32, 60), (32, 300), (8, 5000)] {
-                let requests = workload(&mut random, 2000, true);
-                let (trace, scheduler) = simulate(policy, max_batch, pages, &requests);
-                let fits = |r: &Simulated| Demand::new(r.prompt, r.budget).pages <= pages;
-                let runnable: Vec<usize> = (0..requests.len()).filter(|&i| fits(&requests[i])).collect();
-                let rejected: Vec<usize> = (0..requests.len()).filter(|&i| !fits(&requests[i])).collect();
-                assert_eq!(trace.admitted, runnable, "admission is not FIFO among the requests that fit");
-                assert_eq!(scheduler.rejected, rejected, "not exactly the requests larger than the pool were rejected");
-                let mut finished = trace.finished.clone();
-                finished.sort_unstable();
-                assert_eq!(finished, runnable, "not every admitted request finished once");
-                for &request in &runnable {
-                    assert_eq!(trace.generated[request], requests[request].generates);
+        for admission in [Admission::Conservative, Admission::Optimistic] {
+            for policy in [Policy::Static, Policy::Continuous] {
+                // From one page (almost every request rejected) to more than the workload needs.
+                for (max_batch, pages) in [(1, 1), (3, 20), (32, 60), (32, 300), (8, 5000)] {
+                    let requests = workload(&mut random, 2000, true);
+                    check_run(policy, admission, max_batch, pages, &requests);
                 }
-                assert_eq!(scheduler.pool.free_pages(), pages, "pages leaked");
-                assert_eq!(scheduler.pool.unreserved(), pages, "credits leaked");
-                assert!(scheduler.peak_assigned_pages <= pages);
             }
         }
+    }
+
+    /// One randomized run's assertions: FIFO, rejection, every request finished once with
+    /// its tokens, every page and credit back.
+    fn check_run(policy: Policy, admission: Admission, max_batch: usize, pages: usize, requests: &[Simulated]) {
+        let (trace, scheduler) = simulate_with(policy, admission, max_batch, pages, requests);
+        let fits = |r: &Simulated| Demand::new(r.prompt, r.budget).pages <= pages;
+        let runnable: Vec<usize> = (0..requests.len()).filter(|&i| fits(&requests[i])).collect();
+        let rejected: Vec<usize> = (0..requests.len()).filter(|&i| !fits(&requests[i])).collect();
+        assert_eq!(first_admissions(&trace.admitted), runnable, "admission is not FIFO among the requests that fit");
+        if admission == Admission::Conservative {
+            assert_eq!(scheduler.preemptions, 0, "conservative admission preempted");
+        }
+        assert_eq!(scheduler.rejected, rejected, "not exactly the requests larger than the pool were rejected");
+        let mut finished = trace.finished.clone();
+        finished.sort_unstable();
+        assert_eq!(finished, runnable, "not every admitted request finished once");
+        for &request in &runnable {
+            assert_eq!(trace.generated[request], requests[request].generates);
+        }
+        assert_eq!(scheduler.pool.free_pages(), pages, "pages leaked");
+        assert_eq!(scheduler.pool.unreserved(), pages, "credits leaked");
+        assert!(scheduler.peak_assigned_pages <= pages);
+    }
+
+    #[test]
+    fn optimistic_admission_fills_a_small_pool_and_pays_with_preemptions() {
+        // Budgets of 300 that mostly stop early: conservative admission reserves for 300.
+        let mut random = Random(77);
+        let requests: Vec<Simulated> = (0..300)
+            .map(|_| {
+                let early = random.below(5) != 0;
+                let generates = if early { 20 + random.below(80) as usize } else { 300 };
+                Simulated { prompt: 20 + random.below(200) as usize, budget: 300, generates }
+            })
+            .collect();
+        let (_, conservative) = simulate_with(Policy::Continuous, Admission::Conservative, 64, 200, &requests);
+        let (_, optimistic) = simulate_with(Policy::Continuous, Admission::Optimistic, 64, 200, &requests);
+        assert_eq!(conservative.preemptions, 0);
+        assert!(optimistic.preemptions > 0, "the small pool never preempted");
+        assert!(optimistic.recomputed_tokens > 0);
+        assert!(
+            optimistic.peak_active > conservative.peak_active,
+            "optimistic ran {} at once, conservative {}",
+            optimistic.peak_active,
+            conservative.peak_active
+        );
+        assert!(optimistic.steps < conservative.steps, "{} steps against {}", optimistic.steps, conservative.steps);
+    }
+
+    #[test]
+    fn optimistic_admission_preempts_the_latest_admitted_and_requeues_it_first() {
+        // Two requests of 16-token prompts in a pool of 2 pages: both fit, until both need a second page.
+        let demands = vec![Demand::new(16, 10), Demand::new(16, 10), Demand::new(16, 10)];
+        let mut scheduler = Scheduler::new(Policy::Continuous, Admission::Optimistic, 4, 2, demands);
+        assert_eq!(scheduler.admit(), vec![(0, 0), (1, 1)]);
+        scheduler.start(0, 16, 5);
+        scheduler.start(1, 16, 6);
+        let mut batch = StepBatch::with_capacity(4, 2);
+        scheduler.step_batch(&mut batch);
+        assert_eq!(scheduler.preemptions, 1);
+        assert_eq!(batch.slots, vec![0], "request 1, admitted last, made room");
+        assert_eq!(scheduler.queue.iter().copied().collect::<Vec<_>>(), vec![1, 2], "preempted to the front");
+        assert_eq!(scheduler.prefix(1), 17, "its prompt and the one token it generated");
+        assert_eq!(scheduler.released.len(), 1);
     }
 
     #[test]
@@ -507,7 +672,8 @@ mod tests {
 
     #[test]
     fn static_batching_admits_a_group_only_when_nothing_runs() {
-        let mut scheduler = Scheduler::new(Policy::Static, 2, 100, vec![Demand::new(5, 10); 4]);
+        let mut scheduler =
+            Scheduler::new(Policy::Static, Admission::Conservative, 2, 100, vec![Demand::new(5, 10); 4]);
         assert_eq!(scheduler.admit(), vec![(0, 0), (1, 1)]);
         scheduler.start(0, 5, 1);
         scheduler.start(1, 5, 1);
@@ -520,7 +686,8 @@ mod tests {
     #[test]
     fn continuous_batching_admits_as_soon_as_credits_come_back() {
         // Each request reserves 2 pages of a pool of 4: two fit, the third waits for credits.
-        let mut scheduler = Scheduler::new(Policy::Continuous, 8, 4, vec![Demand::new(20, 10); 3]);
+        let mut scheduler =
+            Scheduler::new(Policy::Continuous, Admission::Conservative, 8, 4, vec![Demand::new(20, 10); 3]);
         assert_eq!(scheduler.admit(), vec![(0, 0), (1, 1)]);
         assert_eq!(scheduler.admission_waits, 1);
         scheduler.start(0, 20, 1);
@@ -534,7 +701,7 @@ mod tests {
     #[test]
     fn a_request_larger_than_the_pool_is_rejected_and_the_others_run() {
         let demands = vec![Demand::new(10, 5), Demand::new(100, 100), Demand::new(10, 5)];
-        let mut scheduler = Scheduler::new(Policy::Continuous, 4, 8, demands);
+        let mut scheduler = Scheduler::new(Policy::Continuous, Admission::Conservative, 4, 8, demands);
         assert_eq!(scheduler.admit(), vec![(0, 0), (2, 1)]);
         assert_eq!(scheduler.rejected, vec![1]);
     }
@@ -556,7 +723,8 @@ mod tests {
 
     #[test]
     fn the_step_batch_lists_running_sequences_in_slot_order_with_their_pages() {
-        let mut scheduler = Scheduler::new(Policy::Continuous, 3, 100, vec![Demand::new(16, 8); 3]);
+        let mut scheduler =
+            Scheduler::new(Policy::Continuous, Admission::Conservative, 3, 100, vec![Demand::new(16, 8); 3]);
         scheduler.admit();
         scheduler.start(0, 16, 10);
         scheduler.start(1, 16, 11);

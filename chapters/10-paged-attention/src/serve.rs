@@ -17,7 +17,7 @@ use crate::generate::{Stop, room_after, stop_reason};
 use crate::model::Model;
 use crate::page_pool::PAGE_SIZE;
 use crate::requests::Request;
-use crate::scheduler::{Demand, Occupancy, Policy, Scheduler, StepBatch};
+use crate::scheduler::{Admission, Demand, Occupancy, Policy, Scheduler, StepBatch};
 
 /// A finished request.
 pub struct Response {
@@ -60,6 +60,9 @@ pub struct Summary {
     pub pool_pages: usize,
     pub peak_assigned_pages: usize,
     pub admission_waits: usize,
+    /// Optimistic admission: requests preempted, and prefix tokens prefilled again to resume them.
+    pub preemptions: usize,
+    pub recomputed_tokens: usize,
     /// Free pages after the run: every page, unless one leaked.
     pub free_pages: usize,
     pub rejected: Vec<Rejected>,
@@ -82,6 +85,7 @@ pub fn serve(
     model: &mut Model,
     requests: &[Request],
     policy: Policy,
+    admission: Admission,
     max_batch: usize,
     sampled: &[usize],
     finished: impl FnMut(Response) -> Result<()>,
@@ -102,7 +106,7 @@ pub fn serve(
         context,
         end_tokens: model.config.eos_token_id.clone(),
         start: Instant::now(),
-        scheduler: Scheduler::new(policy, max_batch, model.cache.pages, demands),
+        scheduler: Scheduler::new(policy, admission, max_batch, model.cache.pages, demands),
         in_flight: (0..requests.len()).map(|_| None).collect(),
         batch: StepBatch::with_capacity(max_batch, model.batch.table_width),
         chosen: Vec::with_capacity(max_batch),
@@ -152,33 +156,44 @@ impl<F: FnMut(Response) -> Result<()>> Serving<'_, F> {
         }
     }
 
-    /// The prompt of `request` into the pages it was given in `slot`, and its first token.
+    /// The prompt of `request` into the pages it was given in `slot`, and its first token;
+    /// or, for a request preempted earlier, its prompt and the tokens it had generated,
+    /// recomputed in one prefill, and its next token.
     fn prefill(&mut self, model: &mut Model, request: usize, slot: usize) -> Result<()> {
         let Request { prompt, max_new_tokens } = &self.requests[request];
-        let mut flight = InFlight {
-            slot,
-            tokens: Vec::with_capacity(*max_new_tokens),
-            first_token_seconds: 0.0,
-            step_logits: Vec::new(),
+        let mut flight = match self.in_flight[request].take() {
+            Some(preempted) => InFlight { slot, ..preempted },
+            None => InFlight {
+                slot,
+                tokens: Vec::with_capacity(*max_new_tokens),
+                first_token_seconds: 0.0,
+                step_logits: Vec::new(),
+            },
         };
         if *max_new_tokens == 0 {
             self.in_flight[request] = Some(flight);
             return self.complete(model, slot, Stop::Budget);
         }
+        let resumed = !flight.tokens.is_empty();
+        // One allocation per admission, not per token.
+        let prefix = [&prompt[..], &flight.tokens[..]].concat();
         let block_table = &self.scheduler.running(slot).expect("admitted").block_table;
-        model.forward(block_table, prompt)?;
+        model.forward(block_table, &prefix)?;
         if self.sampled.contains(&request) {
             flight.step_logits.push(model.logits_row(0)?);
         }
-        let first = model.next_tokens()?[0];
-        flight.tokens.push(first);
-        flight.first_token_seconds = self.start.elapsed().as_secs_f64();
-        self.first_token_seconds.push(flight.first_token_seconds);
+        let token = model.next_tokens()?[0];
+        flight.tokens.push(token);
+        if !resumed {
+            flight.first_token_seconds = self.start.elapsed().as_secs_f64();
+            self.first_token_seconds.push(flight.first_token_seconds);
+        }
+        let generated = flight.tokens.len();
         self.in_flight[request] = Some(flight);
-        match stop_reason(first, &self.end_tokens, 1, *max_new_tokens, prompt.len(), self.context) {
+        match stop_reason(token, &self.end_tokens, generated, *max_new_tokens, prefix.len(), self.context) {
             Some(stop) => self.complete(model, slot, stop),
             None => {
-                self.scheduler.start(slot, prompt.len(), first);
+                self.scheduler.start(slot, prefix.len(), token);
                 Ok(())
             }
         }
@@ -187,6 +202,9 @@ impl<F: FnMut(Response) -> Result<()>> Serving<'_, F> {
     /// One decode step: a token of every sequence in a slot, each checked against the stop rule.
     fn decode_step(&mut self, model: &mut Model) -> Result<()> {
         self.scheduler.step_batch(&mut self.batch);
+        // Pages a preemption gave back (optimistic admission), NaN under --check.
+        model.cache.poison_pages(&model.gpu, &self.scheduler.released)?;
+        self.scheduler.released.clear();
         model.decode(&self.batch)?;
         for row in 0..self.batch.len() {
             let request = self.request_in_row(row);
@@ -267,6 +285,8 @@ impl<F: FnMut(Response) -> Result<()>> Serving<'_, F> {
             pool_pages: self.scheduler.pool.pages(),
             peak_assigned_pages: self.scheduler.peak_assigned_pages,
             admission_waits: self.scheduler.admission_waits,
+            preemptions: self.scheduler.preemptions,
+            recomputed_tokens: self.scheduler.recomputed_tokens,
             free_pages: self.scheduler.pool.free_pages(),
             rejected,
             timeline: self.scheduler.timeline,
@@ -313,6 +333,7 @@ impl Summary {
         let share = 100.0 * self.peak_assigned_pages as f64 / pool as f64;
         println!("        peak assigned pages: {} of {pool} ({share:.1}%)", self.peak_assigned_pages);
         println!("        admission waits: {}", self.admission_waits);
+        println!("        preemptions: {}, recomputed tokens: {}", self.preemptions, self.recomputed_tokens);
         let leaked = if self.free_pages == pool {
             "none leaked".to_string()
         } else {

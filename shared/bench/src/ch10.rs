@@ -26,7 +26,7 @@ use ch10_paged_attention::model::Model;
 use ch10_paged_attention::ops;
 use ch10_paged_attention::page_pool::{PAGE_SIZE, pages_for};
 use ch10_paged_attention::requests::Request;
-use ch10_paged_attention::scheduler::{Demand, Policy, Scheduler, StepBatch};
+use ch10_paged_attention::scheduler::{Admission, Demand, Policy, Scheduler, StepBatch};
 use ch10_paged_attention::serve::{self, Summary};
 use ch10_paged_attention::weights::Weights;
 use cudarc::driver::CudaContext;
@@ -135,7 +135,7 @@ fn start_sequences(model: &mut Model, requests: &[workload::Request], rows: usiz
     let prompts: Vec<&[u32]> = requests.iter().cycle().take(rows).map(|r| r.prompt.as_slice()).collect();
     // The first token comes from the prefill; each decode step caches one more position.
     let demands = prompts.iter().map(|p| Demand::new(p.len(), steps + 1)).collect();
-    let mut scheduler = Scheduler::new(Policy::Continuous, rows, model.cache.pages, demands);
+    let mut scheduler = Scheduler::new(Policy::Continuous, Admission::Conservative, rows, model.cache.pages, demands);
     let admitted = scheduler.admit();
     ensure!(
         admitted.len() == rows,
@@ -167,7 +167,7 @@ fn decode_step(model: &mut Model, scheduler: &mut Scheduler, batch: &mut StepBat
 /// stopped early); returns generated tokens per second, prefill included, and the summary.
 fn serve_once(model: &mut Model, requests: &[Request], policy: Policy, max_batch: usize) -> Result<(f64, Summary)> {
     let tokens: usize = requests.iter().map(|r| r.max_new_tokens).sum();
-    let summary = serve::serve(model, requests, policy, max_batch, &[], |_| Ok(()))?;
+    let summary = serve::serve(model, requests, policy, Admission::Conservative, max_batch, &[], |_| Ok(()))?;
     ensure!(
         summary.generated_tokens == tokens,
         "served {} tokens, expected {tokens} ({} requests rejected)",

@@ -166,17 +166,8 @@ pub fn run(args: Args) -> Result<()> {
                 let checked = run_chapter(&name, &binary, &args)?;
                 rows.extend(checked.into_iter().map(|row| Row { what: format!("{} [static]", row.what), ..row }));
             }
-            // Chapter 10 again in a pool of 8 pages, where one request runs at a time and the
-            // others wait for its pages, and with decode attention never split across blocks.
             if folder.starts_with("10") {
-                for (extra, label) in
-                    [(&["--kv-cache-mib", "4"][..], "4 MiB pool"), (&["--no-split-kv"][..], "no split")]
-                {
-                    let mut args = check_args(folder, &model, tokenizer, &prompt, None);
-                    args.extend(extra.iter().map(|a| a.to_string()));
-                    let checked = run_chapter(&name, &binary, &args)?;
-                    rows.extend(checked.into_iter().map(|row| Row { what: format!("{} [{label}]", row.what), ..row }));
-                }
+                rows.extend(paged_check_variants(folder, &name, &binary, &model, tokenizer, &prompt)?);
             }
             // Attention must handle the whole context: chapter 6 is checked on a ~2,000-token prompt too.
             if folder.starts_with("06") {
@@ -218,10 +209,12 @@ pub fn run(args: Args) -> Result<()> {
             let file = write_workload(&args.work_dir, "small-pool-workload.jsonl", &workload)?;
             let run = BatchedRun { binary: &batched, model: &model, tokenizer, file: &file, args: &["--continuous"] };
             rows.push(run.agreement(&workload, &expected, &[])?);
-            for policy in ["--continuous", "--static"] {
-                let args = [policy, "--kv-cache-mib", "8"];
-                let run = BatchedRun { binary: &paged, model: &model, tokenizer, file: &file, args: &args };
-                rows.push(run.agreement(&workload, &expected, &[SMALL_POOL_TOO_LARGE])?);
+            for admission in ["conservative", "optimistic"] {
+                for policy in ["--continuous", "--static"] {
+                    let args = [policy, "--kv-cache-mib", "8", "--admission", admission];
+                    let run = BatchedRun { binary: &paged, model: &model, tokenizer, file: &file, args: &args };
+                    rows.push(run.agreement(&workload, &expected, &[SMALL_POOL_TOO_LARGE])?);
+                }
             }
         }
         let engine = latest_generating_chapter(&bin_dir)?;
@@ -290,6 +283,36 @@ pub fn run(args: Args) -> Result<()> {
         bail!("{failed} check(s) failed");
     }
     Ok(())
+}
+
+/// Chapter 10's `--check` again: in a pool of 8 pages, where one request runs at a time and
+/// the others wait for its pages; the same pool under optimistic admission, where requests
+/// are preempted and resumed; and with a ~1,000-token first prompt, long enough that decode
+/// attention splits its positions among blocks (flash-decoding), with and without the split.
+fn paged_check_variants(
+    folder: &str,
+    name: &str,
+    binary: &Path,
+    model: &Path,
+    tokenizer: Option<&Path>,
+    prompt: &str,
+) -> Result<Vec<Row>> {
+    let long_prompt = "The quick brown fox jumps over the lazy dog. ".repeat(100);
+    let small_pool = ["--kv-cache-mib", "4"];
+    let variants: [(&str, &[&str], &str); 4] = [
+        (prompt, &small_pool, "4 MiB pool"),
+        (prompt, &["--kv-cache-mib", "4", "--admission", "optimistic"], "4 MiB pool, optimistic"),
+        (&long_prompt, &[], "~1,010-token prompt"),
+        (&long_prompt, &["--no-split-kv"], "~1,010-token prompt, no split"),
+    ];
+    let mut rows = Vec::new();
+    for (text, extra, label) in variants {
+        let mut args = check_args(folder, model, tokenizer, text, None);
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let checked = run_chapter(name, binary, &args)?;
+        rows.extend(checked.into_iter().map(|row| Row { what: format!("{} [{label}]", row.what), ..row }));
+    }
+    Ok(rows)
 }
 
 /// A chapter's `--check` command line. Chapter 1 has no tokenizer and takes no prompt; from
@@ -624,6 +647,11 @@ impl BatchedRun<'_> {
         let pages_back = !paged || free.contains("none leaked");
         // A small pool must make requests wait, or it tests nothing beyond the default one.
         let waited = !self.args.contains(&"--kv-cache-mib") || waits.parse::<usize>().is_ok_and(|w| w > 0);
+        // Optimistic admission in a small pool must preempt, or resuming is not tested.
+        let optimistic = self.args.contains(&"optimistic");
+        let preemptions = stat("preemptions: ").unwrap_or_default();
+        let count = preemptions.split(',').next().and_then(|n| n.parse::<usize>().ok());
+        let preempted = !optimistic || count.is_some_and(|n| n > 0);
         let mut measured = format!(
             "{} of {} requests differ{first}; {end_tokens} stopped at an end token",
             differing.len(),
@@ -634,6 +662,9 @@ impl BatchedRun<'_> {
         }
         if paged {
             measured += &format!("; {waits} admission waits; free pages at the end {free}");
+        }
+        if optimistic {
+            measured += &format!("; preemptions: {preemptions}");
         }
         let lengths: Vec<usize> = workload.iter().map(|r| r.prompt.split(' ').count()).collect();
         let budgets: Vec<usize> = workload.iter().map(|r| r.max_new_tokens).collect();
@@ -646,7 +677,7 @@ impl BatchedRun<'_> {
             budgets.iter().min().unwrap_or(&0),
             budgets.iter().max().unwrap_or(&0)
         );
-        let pass = differing.is_empty() && end_tokens > 0 && refused && pages_back && waited;
+        let pass = differing.is_empty() && end_tokens > 0 && refused && pages_back && waited && preempted;
         if !pass && !output.status.success() && rejected.is_empty() {
             eprint!("{stderr}");
         }
