@@ -167,6 +167,25 @@ fn missing_file() {
 }
 
 #[test]
+fn a_bias_or_an_extra_norm_is_refused_not_ignored() {
+    for name in ["model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.q_norm.weight"] {
+        let model = tiny_model();
+        rewrite_tensor(model.path(), name, Some((Dtype::BF16, vec![512], vec![0; 1024])));
+        assert_fails_with(&run_no_gpu(model.path()), &format!("tensor {name} is not part of a Llama model"));
+    }
+}
+
+#[test]
+fn a_tensor_that_changes_nothing_is_noted() {
+    let model = tiny_model();
+    rewrite_tensor(model.path(), "model.rotary_emb.inv_freq", Some((Dtype::F32, vec![32], vec![0; 128])));
+    let output = run_no_gpu(model.path());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "stderr: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("ignoring tensors a Llama model does not use: model.rotary_emb.inv_freq"), "{stdout}");
+}
+
+#[test]
 fn truncated_file() {
     let model = tiny_model();
     let path = model.path().join("model.safetensors");
@@ -175,7 +194,7 @@ fn truncated_file() {
     assert_fails_with(&run_no_gpu(model.path()), "truncated or corrupt");
     // Cut inside the header itself.
     std::fs::write(&path, &bytes[..100]).unwrap();
-    assert_fails_with(&run_no_gpu(model.path()), "truncated?");
+    assert_fails_with(&run_no_gpu(model.path()), "its first 8 bytes say a header of");
     std::fs::write(&path, &bytes[..5]).unwrap();
     assert_fails_with(&run_no_gpu(model.path()), "too short");
 }

@@ -148,9 +148,18 @@ impl Checkpoint {
             );
             tensors.push(TensorEntry { name, shape, file, bytes: info.bytes });
         }
-        // What is left over is in the files but not in a Llama model.
+        // What is left over is in the files but not in a Llama model. A bias or another norm
+        // would change what the model computes (Qwen2's q/k/v biases, Qwen3's q_norm): running
+        // without it would give a plausible, wrong answer, so it is refused. Anything else
+        // (an old checkpoint's `rotary_emb.inv_freq`) is noted and left unread.
         let mut ignored: Vec<String> = found.into_keys().collect();
         ignored.sort();
+        if let Some(name) = ignored.iter().find(|name| changes_the_math(name)) {
+            bail!(
+                "tensor {name} is not part of a Llama model, and skipping it would change the model's output \
+                 (a bias or a norm): this engine runs Llama checkpoints only"
+            );
+        }
         Ok(Checkpoint { files, sharded: model.index.is_some(), tensors, ignored })
     }
     // ANCHOR_END: open
@@ -227,6 +236,12 @@ pub fn map_file(path: &Path) -> Result<Mmap> {
     unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))
 }
 
+/// Whether a tensor a Llama model does not have would take part in the arithmetic: a bias
+/// (Llama's projections have none) or a norm beyond Llama's two per layer and the final one.
+fn changes_the_math(name: &str) -> bool {
+    name.ends_with(".bias") || name.contains("norm")
+}
+
 // ANCHOR: raw_header
 /// Reads the header by hand: 8 bytes of little-endian length, then that many bytes of JSON.
 pub fn raw_header(file: &[u8]) -> Result<&str> {
@@ -234,7 +249,11 @@ pub fn raw_header(file: &[u8]) -> Result<&str> {
     let header_len = u64::from_le_bytes(file[..8].try_into().unwrap());
     let end = 8u64.checked_add(header_len).filter(|&end| end <= file.len() as u64);
     let Some(end) = end else {
-        bail!("header claims {header_len} bytes but the file has only {} (truncated?)", file.len());
+        bail!(
+            "its first 8 bytes say a header of {header_len} bytes follows, but the file has only {} bytes after them \
+             (truncated?)",
+            file.len() - 8
+        );
     };
     std::str::from_utf8(&file[8..end as usize]).context("the header is not UTF-8 text")
 }
