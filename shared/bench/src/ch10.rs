@@ -11,6 +11,13 @@
 //! flash-decoding (`decode_step_ms_long_split`, `decode_step_ms_long_whole`), and the mixed
 //! workload in the chapter's default pool of [`SMALL_POOL_MIB`] MiB, where admission has
 //! to wait for pages (`throughput_mixed_pool_128mib`).
+//!
+//! Last, the trade between the two admission rules (`admission_*`): a workload whose
+//! requests mostly stop at an end token long before their budgets, served with the
+//! model's end tokens back, in two small pools. Conservative admission reserves every
+//! request's whole budget, never preempts, and under-fills the pool; optimistic admission
+//! fills it and pays with recomputation. Only the synthetic checkpoint makes requests stop
+//! where the workload says, so with any other these figures are skipped, with a note.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -19,7 +26,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use ch10_paged_attention::checkpoint::{self, Checkpoint};
 use ch10_paged_attention::config::Config;
-use ch10_paged_attention::generate;
+use ch10_paged_attention::generate::{self, Stop};
 use ch10_paged_attention::gpu::Gpu;
 use ch10_paged_attention::kv_cache::{self, KvCache};
 use ch10_paged_attention::model::Model;
@@ -30,11 +37,13 @@ use ch10_paged_attention::scheduler::{Admission, Demand, Policy, Scheduler, Step
 use ch10_paged_attention::serve::{self, Summary};
 use ch10_paged_attention::weights::Weights;
 use cudarc::driver::CudaContext;
+use half::bf16;
+use llama_reference::synth::circuit::{BEGIN_OF_TEXT, END_AFTER, Layout};
 
 use crate::figures;
 use crate::memory::MemoryWatch;
 use crate::record::{Measurement, Part, repeat};
-use crate::workload::{self, Batch, Workloads};
+use crate::workload::{self, Batch, Stopping, Workloads};
 
 pub const SYSTEM: &str = "ch10-paged-attention";
 /// Sequences one decode step may hold: the largest concurrency measured.
@@ -53,6 +62,14 @@ const SPLIT: &str = "flash-decoding: the positions split among blocks as Split::
 const WHOLE: &str = "no flash-decoding: one block per sequence and KV head, as chapter 9 (--no-split-kv)";
 /// The chapter's default pool (`--kv-cache-mib`), too small for the mixed workload at once.
 const SMALL_POOL_MIB: usize = 128;
+/// The pools of the admission figures, in MiB: 64 and 256 pages of Llama 3.2 1B. A request
+/// of the early-stopping workload reserves up to 48 pages conservatively (256 + 511
+/// positions), so the smaller pool runs one at a time under that rule; 8 MiB (16 pages)
+/// could not hold a single one under either rule.
+const ADMISSION_POOLS_MIB: [usize; 2] = [32, 128];
+/// The admission rules compared, with the names their figures carry.
+const ADMISSIONS: [(Admission, &str); 2] =
+    [(Admission::Conservative, "conservative"), (Admission::Optimistic, "optimistic")];
 /// Decode steps a profile runs before the profiler starts.
 const WARM_STEPS: usize = 16;
 
@@ -212,8 +229,9 @@ pub fn measure(
         cache as f64 / 1048576.0
     );
     part.push(memory.peak_figure(&detail));
-    // Last, since it gives the large pool up for good.
-    small_pool(&mut model, workloads, runs, part)
+    // Last, since they give the large pool up for good.
+    small_pool(&mut model, workloads, runs, part)?;
+    admission_trade(&mut model, &checkpoint, model_dir, workloads.seed, runs, part)
 }
 
 /// What splitting a sequence's positions among blocks gains: the batch-1 decode step over
@@ -332,6 +350,221 @@ fn small_pool(model: &mut Model, workloads: &Workloads, runs: usize, part: &mut 
     Ok(())
 }
 
+/// Conservative admission against optimistic on the early-stopping workload of `seed` (see
+/// [`workload::early_stopping`]), continuous batching with room in the batch for every
+/// request, in each pool of [`ADMISSION_POOLS_MIB`]. Requests must stop at their end tokens
+/// here, so the model serves with config.json's (which `load` cleared); it is given back with
+/// them cleared again and a pool of the size it had. Skipped, with a note, unless the
+/// checkpoint is synthetic: only the planted rule makes the early requests stop early.
+fn admission_trade(
+    model: &mut Model,
+    checkpoint: &Checkpoint,
+    model_dir: &Path,
+    seed: u64,
+    runs: usize,
+    part: &mut Part,
+) -> Result<()> {
+    if !is_synthetic(checkpoint, &model.config) {
+        let why = "skipped: the checkpoint is not synthetic, and only the synthetic model's planted rule makes \
+                   the early-stopping workload's requests stop where it says";
+        println!("bench: {SYSTEM} admission figures {why}");
+        part.note("admission_trade", why);
+        return Ok(());
+    }
+    let workload = workload::early_stopping(seed);
+    let requests: Vec<Request> = workload.iter().map(|s| request(&s.request)).collect();
+    let end_tokens = Config::from_file(&model_dir.join("config.json"))?.eos_token_id;
+    let cleared = std::mem::replace(&mut model.config.eos_token_id, end_tokens);
+    let pages = model.cache.pages;
+    let measured = admission_figures(model, &workload, &requests, runs, part);
+    model.config.eos_token_id = cleared;
+    model.cache = KvCache::new(&model.gpu, &model.config, pages)?;
+    measured
+}
+
+/// Whether the checkpoint is synthetic (`cargo x synth`), whose greedy output follows the
+/// planted rule. Its mark: `<|begin_of_text|>`'s embedding row is the attention sink, zero
+/// in every coordinate but [`Layout::SINK`], which no trained model's row is.
+fn is_synthetic(checkpoint: &Checkpoint, config: &Config) -> bool {
+    let Some(embedding) = checkpoint.tensors.iter().find(|t| t.name == "model.embed_tokens.weight") else {
+        return false;
+    };
+    let row = config.hidden_size * size_of::<bf16>();
+    let start = BEGIN_OF_TEXT as usize * row;
+    checkpoint.bytes(embedding).get(start..start + row).is_some_and(is_sink_row)
+}
+
+/// Whether a row of bf16 values is zero in every coordinate but [`Layout::SINK`].
+fn is_sink_row(row: &[u8]) -> bool {
+    let values = row.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32());
+    values.enumerate().all(|(coordinate, value)| (value != 0.0) == (coordinate == Layout::SINK))
+}
+
+/// The premise check, then the figures of each rule in each pool of [`ADMISSION_POOLS_MIB`];
+/// a pool too small for the largest request is skipped, with a note.
+fn admission_figures(
+    model: &mut Model,
+    workload: &[Stopping],
+    requests: &[Request],
+    runs: usize,
+    part: &mut Part,
+) -> Result<()> {
+    let tokens = check_premise(model, workload, requests)?;
+    let early = workload.iter().filter(|s| s.stops_early).count();
+    part.note(
+        "admission_workload",
+        format!(
+            "{} requests of budget {}, prompts of {}-{} tokens: {early} stop early at an end token, {} run to \
+             their budget; {tokens} generated tokens in all",
+            requests.len(),
+            workload::EARLY_STOPPING_NEW_TOKENS,
+            workload::EARLY_STOPPING_PROMPT_TOKENS.0,
+            workload::EARLY_STOPPING_PROMPT_TOKENS.1,
+            requests.len() - early
+        ),
+    );
+    // Either rule rejects a request whose whole budget is larger than the pool.
+    let largest = requests.iter().map(|r| Demand::new(r.prompt.len(), r.max_new_tokens).pages).max().unwrap_or(0);
+    for mib in ADMISSION_POOLS_MIB {
+        let pages = kv_cache::pages_in(mib, &model.config)?;
+        part.note(&format!("admission_pool_pages_{mib}mib"), pages);
+        if pages < largest {
+            // A larger model's pages are larger: 32 MiB holds 16 of Llama 3.1 8B's.
+            let why = format!("skipped: {pages} pages, and the largest request's budget takes {largest}");
+            println!("bench: {SYSTEM} admission figures at {mib} MiB {why}");
+            part.note(&format!("admission_pool_{mib}mib"), why);
+            continue;
+        }
+        model.cache = KvCache::new(&model.gpu, &model.config, pages)?;
+        for (admission, name) in ADMISSIONS {
+            serve_timed(model, requests, admission, tokens, runs, part, &format!("{name}_{mib}mib"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The figures of `admission` in the model's pool (`which`: the rule and the pool, as in
+/// `admission_throughput_optimistic_32mib`), over `runs` runs (at most 3) after a warm-up.
+fn serve_timed(
+    model: &mut Model,
+    requests: &[Request],
+    admission: Admission,
+    tokens: usize,
+    runs: usize,
+    part: &mut Part,
+    which: &str,
+) -> Result<()> {
+    let mut summaries = Vec::new();
+    let rates = repeat(runs.min(3), || {
+        let summary = serve_admitted(model, requests, admission, tokens)?;
+        let rate = tokens as f64 / summary.seconds;
+        summaries.push(summary);
+        Ok(rate)
+    })?;
+    // The first summary is the warm-up's.
+    record_trade(part, which, admission, &summaries[1..], rates);
+    Ok(())
+}
+
+/// Serves the workload once, conservatively (so nothing is preempted) in whatever pool the
+/// model holds, and checks that the synthetic model follows its planted rule: every early
+/// request ends at an end token within `END_AFTER + 1` tokens (the rule says after exactly
+/// [`END_AFTER`]), every long one runs to its budget. A model that does not would make the
+/// figures measure some other workload, so this fails the bench. Returns the tokens
+/// generated, which every later run must match.
+fn check_premise(model: &mut Model, workload: &[Stopping], requests: &[Request]) -> Result<usize> {
+    let mut outcomes = vec![None; requests.len()];
+    let summary = serve::serve(model, requests, Policy::Continuous, Admission::Conservative, MAX_BATCH, &[], |done| {
+        outcomes[done.request] = Some((done.tokens.len(), done.stop));
+        Ok(())
+    })?;
+    check_pool(&summary)?;
+    for (index, (stopping, outcome)) in workload.iter().zip(outcomes).enumerate() {
+        let (generated, stop) = outcome.with_context(|| format!("request {index} was served but never finished"))?;
+        let budget = stopping.request.new_tokens;
+        let (kind, held) = if stopping.stops_early {
+            ("early", generated <= END_AFTER + 1 && matches!(stop, Stop::EndToken(_)))
+        } else {
+            ("long", generated == budget)
+        };
+        ensure!(
+            held,
+            "the synthetic model does not follow its planted rule: request {index} ({kind}, prompt of {} tokens) \
+             generated {generated} tokens and stopped by {stop:?}, where an early request ends at an end token \
+             within {} tokens and a long one runs to its budget of {budget}",
+            stopping.request.prompt.len(),
+            END_AFTER + 1
+        );
+    }
+    Ok(summary.generated_tokens)
+}
+
+/// Serves `requests` under `admission`, continuous, at most [`MAX_BATCH`] at once, and checks
+/// the run: the pool whole again, exactly `tokens` generated (the same requests, greedy: the
+/// rule cannot change a token), and no preemption under the conservative rule.
+fn serve_admitted(model: &mut Model, requests: &[Request], admission: Admission, tokens: usize) -> Result<Summary> {
+    let summary = serve::serve(model, requests, Policy::Continuous, admission, MAX_BATCH, &[], |_| Ok(()))?;
+    check_pool(&summary)?;
+    ensure!(
+        summary.generated_tokens == tokens,
+        "{admission:?} admission generated {} tokens, the premise check {tokens}: the same requests, greedy, must \
+         generate the same tokens",
+        summary.generated_tokens
+    );
+    ensure!(
+        admission == Admission::Optimistic || summary.preemptions == 0,
+        "conservative admission preempted {} requests",
+        summary.preemptions
+    );
+    Ok(summary)
+}
+
+/// That no request was rejected and every page came back.
+fn check_pool(summary: &Summary) -> Result<()> {
+    ensure!(
+        summary.rejected.is_empty(),
+        "{} requests rejected: their budgets are larger than the pool of {} pages",
+        summary.rejected.len(),
+        summary.pool_pages
+    );
+    ensure!(
+        summary.free_pages == summary.pool_pages,
+        "{} of the pool's {} pages did not come back",
+        summary.pool_pages - summary.free_pages,
+        summary.pool_pages
+    );
+    Ok(())
+}
+
+/// The figures of one rule in one pool (`which`, as in [`serve_timed`]): the rate, and
+/// under the optimistic rule the preemptions and recomputed tokens of each timed run. The
+/// rate's detail quotes the last run.
+fn record_trade(part: &mut Part, which: &str, admission: Admission, timed: &[Summary], rates: Vec<f64>) {
+    let last = timed.last().expect("repeat times at least one run");
+    let what = format!(
+        "{} early-stopping requests of budget {}, continuous batching, at most {MAX_BATCH} at once, {admission:?} \
+         admission in a pool of {} pages: {} preemptions, {} recomputed tokens, peak {} active requests, {} \
+         admission waits, peak {} pages assigned; generated tokens / wall time, prefill and recomputation included",
+        last.requests,
+        workload::EARLY_STOPPING_NEW_TOKENS,
+        last.pool_pages,
+        last.preemptions,
+        last.recomputed_tokens,
+        last.peak_active,
+        last.admission_waits,
+        last.peak_assigned_pages
+    );
+    part.push(Measurement::of_runs(&format!("admission_throughput_{which}"), "tokens/s", rates, &what));
+    if admission == Admission::Optimistic {
+        let each_run = |count: fn(&Summary) -> usize| timed.iter().map(|s| count(s) as f64).collect();
+        let (preemptions, recomputed) = (each_run(|s| s.preemptions), each_run(|s| s.recomputed_tokens));
+        let what = "requests preempted in a run (each resumed later by recomputing its prefix)";
+        part.push(Measurement::of_runs(&format!("admission_preemptions_{which}"), "requests", preemptions, what));
+        let what = "prefix tokens prefilled again to resume preempted requests, in a run";
+        part.push(Measurement::of_runs(&format!("admission_recomputed_tokens_{which}"), "tokens", recomputed, what));
+    }
+}
+
 /// For a profiler: `rows` sequences, warm decode steps, then `steps` more between
 /// cuProfilerStart and cuProfilerStop.
 pub fn profile(
@@ -362,6 +595,20 @@ mod tests {
     fn the_pool_admits_the_largest_batch_at_once() {
         // 256 requests of 128 + 128 tokens cache 255 positions each at most: 16 pages.
         assert_eq!(pool_pages(&Workloads::generate(1), 2048), 256 * 16);
+    }
+
+    #[test]
+    fn only_a_row_of_zeros_but_the_sink_marks_a_synthetic_checkpoint() {
+        let row =
+            |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect() };
+        let mut sink = vec![0.0; 64];
+        sink[Layout::SINK] = 8.0;
+        assert!(is_sink_row(&row(&sink)));
+        sink[Layout::SINK + 1] = -0.01;
+        assert!(!is_sink_row(&row(&sink)));
+        assert!(!is_sink_row(&row(&[0.0; 64])));
+        let trained: Vec<f32> = (0..64).map(|i| (i as f32 - 30.5) * 1e-3).collect();
+        assert!(!is_sink_row(&row(&trained)));
     }
 
     #[test]

@@ -6,8 +6,14 @@
 //! ids need no tokenizer. Every id is an ordinary token of Llama 3's vocabulary (below
 //! 128,000, where the special tokens begin), and every request generates exactly its
 //! budget: the systems are told to ignore end tokens, so a run's work is fixed.
+//!
+//! One workload is the exception, and is not in the file: [`early_stopping`], whose requests
+//! are meant to stop at an end token long before their budgets, for chapter 10's admission
+//! rules. Only our engine runs it, on the synthetic checkpoint, whose planted rule decides
+//! which prompts stop (see `llama_reference::synth::circuit`).
 
 use anyhow::{Context, Result};
+use llama_reference::synth::circuit::{BEGIN_OF_TEXT, DOUBLE_NEWLINE, QUIET_BELOW, ROLE_TOKENS};
 use serde::{Deserialize, Serialize};
 
 /// Generated tokens per sequence in the single-sequence decode measurement.
@@ -25,6 +31,13 @@ pub const MIXED_PROMPT_TOKENS: (usize, usize) = (16, 512);
 pub const MIXED_NEW_TOKENS: (usize, usize) = (16, 256);
 /// Ids are drawn below this: the first special token of Llama 3.
 const ORDINARY_TOKENS: u64 = 128_000;
+/// The early-stopping workload: this many requests, each with this budget, prompt lengths
+/// drawn uniformly from the range; every [`LONG_EVERY`]th request, from the first, is long.
+pub const EARLY_STOPPING_REQUESTS: usize = 64;
+pub const EARLY_STOPPING_NEW_TOKENS: usize = 512;
+pub const EARLY_STOPPING_PROMPT_TOKENS: (usize, usize) = (64, 256);
+/// A fifth of the requests run to their budget (13 of 64), spread through the queue.
+pub const LONG_EVERY: usize = 5;
 
 #[derive(Serialize, Deserialize, Clone)]
 pub struct Request {
@@ -82,6 +95,35 @@ impl Workloads {
     }
 }
 
+/// A request of the early-stopping workload, and whether the synthetic model ends it early.
+pub struct Stopping {
+    pub request: Request,
+    pub stops_early: bool,
+}
+
+/// The early-stopping workload of `seed`: [`EARLY_STOPPING_REQUESTS`] requests of budget
+/// [`EARLY_STOPPING_NEW_TOKENS`], each prompt `<|begin_of_text|>`, a body, and `"\n\n"`.
+/// Under the synthetic model's rule each next token echoes the farthest loud token 5, 6 or
+/// 40 positions back (ids from [`QUIET_BELOW`] on are loud), and with none there steps from
+/// the current token: from `"\n\n"`, down the quiet path to `<|eot_id|>`. So an early
+/// request's body is quiet (ids `1..QUIET_BELOW`, never `"\n\n"` itself): it stops after
+/// `END_AFTER` (20) tokens. A long one's body is loud (ids `QUIET_BELOW..128000`, never the
+/// chat format's quiet role words): the model echoes it for its whole budget.
+pub fn early_stopping(seed: u64) -> Vec<Stopping> {
+    let mut random = XorShift::new(seed ^ 0x570b);
+    (0..EARLY_STOPPING_REQUESTS)
+        .map(|index| {
+            let stops_early = !index.is_multiple_of(LONG_EVERY);
+            let body = random.between(EARLY_STOPPING_PROMPT_TOKENS) - 2;
+            let mut prompt = Vec::with_capacity(body + 2);
+            prompt.push(BEGIN_OF_TEXT);
+            prompt.extend((0..body).map(|_| if stops_early { random.quiet() } else { random.loud() }));
+            prompt.push(DOUBLE_NEWLINE);
+            Stopping { request: Request { prompt, new_tokens: EARLY_STOPPING_NEW_TOKENS }, stops_early }
+        })
+        .collect()
+}
+
 /// A small, fast pseudo-random generator (Marsaglia's xorshift64): the same seed gives the
 /// same workloads on every machine.
 struct XorShift(u64);
@@ -106,6 +148,22 @@ impl XorShift {
     fn between(&mut self, (low, high): (usize, usize)) -> usize {
         low + self.below((high - low + 1) as u64) as usize
     }
+
+    /// A quiet id of the synthetic rule other than `"\n\n"`: one of `1..QUIET_BELOW` but 271.
+    fn quiet(&mut self) -> u32 {
+        let id = 1 + self.below(QUIET_BELOW as u64 - 2) as u32;
+        if id >= DOUBLE_NEWLINE { id + 1 } else { id }
+    }
+
+    /// A loud id of the synthetic rule: one of `QUIET_BELOW..128000` but the role words.
+    fn loud(&mut self) -> u32 {
+        loop {
+            let id = (QUIET_BELOW as u64 + self.below(ORDINARY_TOKENS - QUIET_BELOW as u64)) as u32;
+            if !ROLE_TOKENS.contains(&id) {
+                return id;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -128,6 +186,48 @@ mod tests {
         assert!(mixed.iter().any(|r| r.prompt.len() != mixed[0].prompt.len()));
         let ids = w.batches.iter().flat_map(|b| &b.requests).flat_map(|r| &r.prompt);
         assert!(ids.clone().all(|&id| (id as u64) < ORDINARY_TOKENS));
+    }
+
+    #[test]
+    fn early_stopping_prompts_are_quiet_or_loud_and_end_with_a_double_newline() {
+        let requests = early_stopping(7);
+        assert_eq!(requests.len(), 64);
+        assert_eq!(requests.iter().filter(|r| !r.stops_early).count(), 13);
+        for Stopping { request, stops_early } in &requests {
+            let prompt = &request.prompt;
+            assert!((64..=256).contains(&prompt.len()) && request.new_tokens == 512);
+            assert_eq!((prompt[0], prompt[prompt.len() - 1]), (BEGIN_OF_TEXT, DOUBLE_NEWLINE));
+            let body = &prompt[1..prompt.len() - 1];
+            if *stops_early {
+                assert!(body.iter().all(|&id| (1..QUIET_BELOW).contains(&id) && id != DOUBLE_NEWLINE));
+            } else {
+                assert!(body.iter().all(|&id| (QUIET_BELOW..128_000).contains(&id) && !ROLE_TOKENS.contains(&id)));
+            }
+        }
+        assert!(requests.iter().any(|r| r.request.prompt.len() != requests[0].request.prompt.len()));
+        assert_eq!(early_stopping(7)[3].request.prompt, requests[3].request.prompt);
+        assert_ne!(early_stopping(8)[3].request.prompt, requests[3].request.prompt);
+    }
+
+    #[test]
+    fn the_synthetic_rule_stops_every_early_request_and_no_long_one() {
+        use llama_reference::LlamaConfig;
+        use llama_reference::config::LLAMA_3_2_1B_CONFIG_JSON;
+        use llama_reference::synth::Circuit;
+        use llama_reference::synth::circuit::{END_AFTER, END_OF_TURN};
+        let config = LlamaConfig::from_json(LLAMA_3_2_1B_CONFIG_JSON).unwrap();
+        for (model_seed, workload_seed) in [(20261201, 20261201), (1, 2)] {
+            let circuit = Circuit::new(&config, model_seed).unwrap();
+            for Stopping { request, stops_early } in early_stopping(workload_seed) {
+                let tokens = circuit.greedy(&request.prompt, request.new_tokens, &[END_OF_TURN]);
+                if stops_early {
+                    assert_eq!((tokens.len(), tokens.last()), (END_AFTER, Some(&END_OF_TURN)));
+                } else {
+                    assert_eq!(tokens.len(), request.new_tokens);
+                    assert!(!tokens.contains(&END_OF_TURN));
+                }
+            }
+        }
     }
 
     #[test]

@@ -148,7 +148,7 @@ enum Better {
 }
 
 /// The table's rows: figure, label, which way is better.
-const ROWS: [(&str, &str, Better); 24] = [
+const ROWS: [(&str, &str, Better); 32] = [
     ("decode_step_ms", "decode step, batch 1 (ms)", Better::Lower),
     ("decode_tokens_per_s", "decode, batch 1 (tokens/s)", Better::Higher),
     ("ttft_ms", "time to first token, 32-token prompt (ms)", Better::Lower),
@@ -170,6 +170,46 @@ const ROWS: [(&str, &str, Better); 24] = [
     ("throughput_mixed", "throughput, mixed 64 requests (tokens/s)", Better::Higher),
     ("throughput_mixed_static", "throughput, mixed 64 requests, static batching (tokens/s)", Better::Higher),
     ("throughput_mixed_pool_128mib", "throughput, mixed 64 requests, 128 MiB KV cache (tokens/s)", Better::Higher),
+    (
+        "admission_throughput_conservative_32mib",
+        "throughput, 64 early-stopping requests, conservative admission, 32 MiB KV cache (tokens/s)",
+        Better::Higher,
+    ),
+    (
+        "admission_throughput_optimistic_32mib",
+        "throughput, 64 early-stopping requests, optimistic admission, 32 MiB KV cache (tokens/s)",
+        Better::Higher,
+    ),
+    (
+        "admission_preemptions_optimistic_32mib",
+        "preemptions, 64 early-stopping requests, optimistic admission, 32 MiB KV cache",
+        Better::Lower,
+    ),
+    (
+        "admission_recomputed_tokens_optimistic_32mib",
+        "recomputed tokens, 64 early-stopping requests, optimistic admission, 32 MiB KV cache",
+        Better::Lower,
+    ),
+    (
+        "admission_throughput_conservative_128mib",
+        "throughput, 64 early-stopping requests, conservative admission, 128 MiB KV cache (tokens/s)",
+        Better::Higher,
+    ),
+    (
+        "admission_throughput_optimistic_128mib",
+        "throughput, 64 early-stopping requests, optimistic admission, 128 MiB KV cache (tokens/s)",
+        Better::Higher,
+    ),
+    (
+        "admission_preemptions_optimistic_128mib",
+        "preemptions, 64 early-stopping requests, optimistic admission, 128 MiB KV cache",
+        Better::Lower,
+    ),
+    (
+        "admission_recomputed_tokens_optimistic_128mib",
+        "recomputed tokens, 64 early-stopping requests, optimistic admission, 128 MiB KV cache",
+        Better::Lower,
+    ),
     ("prefill_ms", "prefill, 2,047-token prompt (ms)", Better::Lower),
     ("prefill_tokens_per_s", "prefill (tokens/s)", Better::Higher),
     ("load_s", "weight load, file to GPU (s)", Better::Lower),
