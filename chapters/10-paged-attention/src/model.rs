@@ -28,7 +28,7 @@ use crate::config::Config;
 use crate::gpu::Gpu;
 use crate::kv_cache::KvCache;
 use crate::ops::{self, PagedKv, Split};
-use crate::page_pool::{PAGE_SIZE, pages_for};
+use crate::page_pool::{PAGE_SIZE, cache_row, pages_for};
 use crate::rope;
 use crate::scheduler::StepBatch;
 use crate::weights::Weights;
@@ -165,7 +165,7 @@ impl BatchBuffers {
     /// to the GPU.
     fn upload_prompt(&mut self, gpu: &Gpu, block_table: &[u32], tokens: usize) -> Result<()> {
         for (position, row) in self.prompt_host[..tokens].iter_mut().enumerate() {
-            *row = block_table[position / PAGE_SIZE] * PAGE_SIZE as u32 + (position % PAGE_SIZE) as u32;
+            *row = cache_row(block_table, position);
         }
         gpu.stream.memcpy_htod(&self.prompt_host[..tokens], &mut self.prompt_rows.slice_mut(..tokens))?;
         Ok(())

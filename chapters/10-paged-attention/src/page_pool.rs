@@ -24,6 +24,12 @@ pub fn pages_for(positions: usize) -> usize {
     positions.div_ceil(PAGE_SIZE)
 }
 
+/// The pool row of `position` of the sequence with `block_table`: offset
+/// `position % PAGE_SIZE` of its page. (vLLM calls these rows the slot mapping.)
+pub fn cache_row(block_table: &[u32], position: usize) -> u32 {
+    (block_table[position / PAGE_SIZE] as usize * PAGE_SIZE + position % PAGE_SIZE) as u32
+}
+
 pub struct PagePool {
     /// Pages nobody holds, as a stack: the last one freed is the next one taken.
     free: Vec<u32>,
@@ -93,6 +99,13 @@ mod tests {
         assert_eq!(pages_for(16), 1);
         assert_eq!(pages_for(17), 2);
         assert_eq!(pages_for(2048), 128);
+    }
+
+    #[test]
+    fn a_position_goes_to_its_offset_in_its_page() {
+        assert_eq!(cache_row(&[7, 3], 0), 7 * 16);
+        assert_eq!(cache_row(&[7, 3], 15), 7 * 16 + 15);
+        assert_eq!(cache_row(&[7, 3], 17), 3 * 16 + 1);
     }
 
     #[test]

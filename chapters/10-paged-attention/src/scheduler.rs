@@ -22,7 +22,7 @@
 
 use std::collections::VecDeque;
 
-use crate::page_pool::{PAGE_SIZE, PagePool, pages_for};
+use crate::page_pool::{PAGE_SIZE, PagePool, cache_row, pages_for};
 
 /// When free slots are filled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,11 +137,10 @@ impl StepBatch {
     /// block table already holds.
     fn push(&mut self, slot: usize, token: u32, position: usize, block_table: &[u32]) {
         assert!(block_table.len() <= self.table_width, "a block table is wider than the batch's");
-        let page = block_table[position / PAGE_SIZE] as usize;
         self.slots.push(slot as u32);
         self.ids.push(token);
         self.positions.push(position as u32);
-        self.cache_rows.push((page * PAGE_SIZE + position % PAGE_SIZE) as u32);
+        self.cache_rows.push(cache_row(block_table, position));
         self.block_tables.extend_from_slice(block_table);
         // The entries past its pages are never read (attention stops at the row's length).
         self.block_tables.resize(self.slots.len() * self.table_width, 0);
@@ -356,17 +355,18 @@ impl Scheduler {
 
     // ANCHOR: make_room
     /// Optimistic admission, before a step: a credit for every sequence whose next position
-    /// starts a page, oldest admission first, preempting the latest admitted until one is
-    /// free. The oldest is never preempted for a younger one, and a request that fits the
-    /// pool alone can always finish once it is the oldest: no livelock.
+    /// starts a page, preempting the latest admitted until one is free (which is the
+    /// sequence itself when it is the latest). The oldest is therefore never preempted for a
+    /// younger one, and a request that fits the pool alone can always finish once it is the
+    /// oldest: no livelock. No allocation: this runs before every decode step.
     fn make_room(&mut self) {
-        let mut needing: Vec<(usize, usize)> = (self.slots.iter().enumerate())
-            .filter_map(|(slot, r)| r.as_ref().map(|r| (r.admission, slot, r)))
-            .filter(|(_, _, r)| r.cached == r.block_table.len() * PAGE_SIZE && r.block_table.len() == r.reserved)
-            .map(|(admission, slot, _)| (admission, slot))
-            .collect();
-        needing.sort_unstable();
-        for (_, slot) in needing {
+        for slot in 0..self.slots.len() {
+            let needs_credit = self.slots[slot]
+                .as_ref()
+                .is_some_and(|r| r.cached == r.block_table.len() * PAGE_SIZE && r.block_table.len() == r.reserved);
+            if !needs_credit {
+                continue;
+            }
             while self.slots[slot].is_some() && !self.pool.reserve(1) {
                 self.preempt_latest();
             }
@@ -539,7 +539,7 @@ mod tests {
                 let table = &batch.block_tables[row * table_width..][..running.block_table.len()];
                 assert_eq!(table, running.block_table.as_slice(), "the batch's block table is not the sequence's");
                 let page = running.block_table[position / PAGE_SIZE] as usize;
-                assert_eq!(batch.cache_rows[row] as usize, page * PAGE_SIZE + position % PAGE_SIZE);
+                assert_eq!(batch.cache_rows[row] as usize, page * PAGE_SIZE + position % PAGE_SIZE, "wrong cache row");
                 scheduler.advance(slot, 7);
                 trace.generated[request] += 1;
                 if trace.generated[request] == requests[request].generates {

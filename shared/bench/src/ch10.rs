@@ -31,7 +31,7 @@ use ch10_paged_attention::gpu::Gpu;
 use ch10_paged_attention::kv_cache::{self, KvCache};
 use ch10_paged_attention::model::Model;
 use ch10_paged_attention::ops;
-use ch10_paged_attention::page_pool::{PAGE_SIZE, pages_for};
+use ch10_paged_attention::page_pool::{cache_row, pages_for};
 use ch10_paged_attention::requests::Request;
 use ch10_paged_attention::scheduler::{Admission, Demand, Policy, Scheduler, StepBatch};
 use ch10_paged_attention::serve::{self, Summary};
@@ -118,12 +118,6 @@ fn load(
 
 fn request(item: &workload::Request) -> Request {
     Request { prompt: item.prompt.clone(), max_new_tokens: item.new_tokens }
-}
-
-/// The pool row that `position` of a sequence with `block_table` goes to: offset
-/// `position % PAGE_SIZE` of its page (what the scheduler's batches call cache rows).
-fn cache_row(block_table: &[u32], position: usize) -> u32 {
-    (block_table[position / PAGE_SIZE] as usize * PAGE_SIZE + position % PAGE_SIZE) as u32
 }
 
 /// One sequence alone in the pages of `block_table` (a whole context's): the seconds to its
@@ -609,11 +603,5 @@ mod tests {
         assert!(!is_sink_row(&row(&[0.0; 64])));
         let trained: Vec<f32> = (0..64).map(|i| (i as f32 - 30.5) * 1e-3).collect();
         assert!(!is_sink_row(&row(&trained)));
-    }
-
-    #[test]
-    fn a_position_goes_to_its_offset_in_its_page() {
-        assert_eq!(cache_row(&[7, 3], 0), 7 * 16);
-        assert_eq!(cache_row(&[7, 3], 17), 3 * 16 + 1);
     }
 }
