@@ -84,7 +84,8 @@ struct Cli {
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1024))]
     max_batch: u32,
     /// After the summary, how the pool was used: its size, peak active requests, largest
-    /// decode batch, peak assigned pages, admission waits and the free pages at the end.
+    /// decode batch, peak assigned pages, admission waits, preemptions and recomputed tokens
+    /// (optimistic admission), and the free pages at the end.
     #[arg(long)]
     stats: bool,
     /// Decode attention with one block per sequence and KV head, as chapter 9, never split
